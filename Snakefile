@@ -1,0 +1,25 @@
+# kb-nano: Tier-1 kernel benchmarks as a Snakemake DAG.
+#   snakemake --cores all                 # embedded default (config/config.yaml)
+#   kb_nano kernels --target rms_norm     # the same DAG through the CLI
+from snakemake.utils import min_version, validate
+
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/inputs.smk"
+include: "workflow/rules/kernels.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "results/kernels.parquet",
+        config["output_json"],

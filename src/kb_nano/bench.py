@@ -1,0 +1,224 @@
+"""One Tier-1 measurement: a candidate against the baseline on one scenario.
+
+Steps (DESIGN.md "One Tier-1 measurement"): build baseline and candidate, copy weights
+baseline -> candidate with ``load_state_dict(strict=True)``, move both to the device,
+check correctness on fresh seeded inputs (each side gets its own clone), then time the
+pair (see :mod:`kb_nano.timing`). Every outcome is a row with a status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+import kb_nano
+from kb_nano import operators
+from kb_nano.candidates import DEFAULT_DEVICES, CandidateError, load_class, one_line
+from kb_nano.operators.base import DTYPES, make_tensor
+from kb_nano.schema import make_row, scenario_fields
+from kb_nano.timing import summarize, time_pair
+
+
+def scenario_seed(scenario_id: str) -> int:
+    """Deterministic 31-bit seed of a scenario id (same inputs in every run)."""
+    return int(hashlib.sha256(scenario_id.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available else ``cpu``; otherwise the named device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def device_name(device: torch.device) -> str:
+    """GPU name from CUDA, or the CPU model name from ``/proc/cpuinfo``."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def git_sha(root: Path) -> str | None:
+    """``git rev-parse HEAD`` of the workflow root, with ``-dirty`` when files changed."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if sha.returncode:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _flatten(out) -> list:
+    if isinstance(out, (tuple, list)):
+        return list(out)
+    return [out]
+
+
+def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float | None, float | None]:
+    """Compare candidate output ``out`` with baseline output ``ref``.
+
+    Both may be a tensor or a tuple/list of tensors (or None entries). Returns
+    ``(status, error, max_abs_err, max_rel_err)``: ``incorrect_shape`` when the number
+    of outputs or a shape differs, ``incorrect_dtype`` for a dtype mismatch,
+    ``nonfinite`` when the candidate has NaN/Inf where the baseline does not,
+    ``incorrect`` when any element has ``|out - ref| > atol + rtol * |ref|``
+    (``torch.allclose`` semantics, the criterion of vLLM's kernel tests; ``rtol=0`` gives
+    a pure max-abs-error test), else ``passed``.
+    ``max_rel_err = max|out - ref| / max|ref|`` over all outputs (norm-wise relative error).
+    """
+    refs, outs = _flatten(ref), _flatten(out)
+    if len(refs) != len(outs):
+        return "incorrect_shape", f"returned {len(outs)} output(s), baseline returns {len(refs)}", None, None
+    max_abs, max_ref, n_bad, n_all = 0.0, 0.0, 0, 0
+    for i, (r, o) in enumerate(zip(refs, outs)):
+        if r is None or o is None:
+            if r is not o:
+                return "incorrect_shape", f"output {i}: {type(o).__name__}, baseline {type(r).__name__}", None, None
+            continue
+        if not isinstance(o, torch.Tensor):
+            return "incorrect_shape", f"output {i}: {type(o).__name__}, expected a tensor", None, None
+        if tuple(o.shape) != tuple(r.shape):
+            return "incorrect_shape", f"output {i}: shape {tuple(o.shape)}, baseline {tuple(r.shape)}", None, None
+        if o.dtype != r.dtype:
+            return "incorrect_dtype", f"output {i}: dtype {o.dtype}, baseline {r.dtype}", None, None
+        rf, of = r.double(), o.double()
+        bad = ~torch.isfinite(of) & torch.isfinite(rf)
+        if bool(bad.any()):
+            return "nonfinite", f"output {i}: {int(bad.sum())} NaN/Inf value(s) where the baseline is finite", None, None
+        if rf.numel():
+            diff = (of - rf).abs().nan_to_num(0.0)
+            max_abs = max(max_abs, float(diff.max()))
+            max_ref = max(max_ref, float(rf.abs().nan_to_num(0.0).max()))
+            n_bad += int((diff > atol + rtol * rf.abs().nan_to_num(0.0)).sum())
+            n_all += rf.numel()
+    max_rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else float("inf"))
+    if n_bad:
+        return (
+            "incorrect",
+            f"{n_bad} of {n_all} elements exceed atol {atol:g} + rtol {rtol:g} * |ref| (max_abs_err {max_abs:.4g})",
+            max_abs,
+            max_rel,
+        )
+    return "passed", None, max_abs, max_rel
+
+
+def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path) -> dict:
+    """Run one candidate on one scenario and return a kernel row (see :mod:`kb_nano.schema`).
+
+    ``settings``: ``device`` (auto|cpu|cuda[:i]), ``atol``, ``rtol``, ``num_warmup``, ``num_runs``,
+    ``num_threads``. Candidate problems become rows (``import_error``, ``runtime_error``,
+    ``incorrect*``, ``nonfinite``, ``skipped``); errors of the harness itself propagate.
+    """
+    t_start = time.perf_counter()
+    device = resolve_device(settings["device"])
+    torch.set_num_threads(int(settings["num_threads"]))
+    seed = scenario_seed(scenario["scenario_id"])
+    base = {
+        **scenario_fields(scenario),
+        "seed": seed,
+        "candidate": candidate_id,
+        "candidate_sha256": hashlib.sha256(Path(candidate_path).read_bytes()).hexdigest(),
+        "atol": float(settings["atol"]),
+        "rtol": float(settings["rtol"]),
+        "num_warmup": int(settings["num_warmup"]),
+        "num_runs": int(settings["num_runs"]),
+        "num_threads": torch.get_num_threads(),
+        "device": device.type,
+        "device_name": device_name(device),
+        "torch_version": torch.__version__,
+        "triton_version": _triton_version(),
+        "kb_nano_version": kb_nano.__version__,
+        "git_sha": git_sha(root),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+    def row(status, error=None, **fields):
+        return make_row(**base, status=status, error=error, wall_s=time.perf_counter() - t_start, **fields)
+
+    op = operators.get(scenario["target"])
+    try:
+        cls = load_class(candidate_path, scenario["target"])
+    except CandidateError as exc:
+        return row(exc.status, str(exc))
+    supported = tuple(getattr(cls, "supported_devices", DEFAULT_DEVICES))
+    if device.type not in supported:
+        return row("skipped", f"{cls.__name__} supports {', '.join(supported)}; this run is on {device.type}")
+
+    dtype = DTYPES[scenario["dtype"]]
+    init_args = dict(scenario["init_args"])
+    torch.manual_seed(seed)
+    baseline = op.baseline(**init_args)
+    try:
+        candidate = cls(**init_args)
+    except Exception as exc:
+        return row("import_error", f"constructor {cls.__name__}(**{sorted(init_args)}): {one_line(exc)}")
+    try:
+        candidate.load_state_dict(baseline.state_dict(), strict=True)
+    except Exception as exc:
+        return row("import_error", f"state_dict does not match the baseline's: {one_line(exc)}")
+    baseline = baseline.to(device=device, dtype=dtype).eval()
+    candidate = candidate.to(device=device, dtype=dtype).eval()
+
+    generator = torch.Generator().manual_seed(seed)
+    inputs = [make_tensor(spec, generator, str(device)) for spec in scenario["inputs"]]
+    with torch.inference_mode():
+        ref = baseline(*[t.clone() for t in inputs])
+        try:
+            out = candidate(*[t.clone() for t in inputs])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except Exception as exc:
+            return row("runtime_error", one_line(exc))
+        status, error, max_abs, max_rel = compare(ref, out, float(settings["atol"]), float(settings["rtol"]))
+        if status != "passed":
+            return row(status, error, max_abs_err=max_abs, max_rel_err=max_rel)
+        del ref, out
+        base_in = [t.clone() for t in inputs]
+        cand_in = [t.clone() for t in inputs]
+        try:
+            base_ms, cand_ms = time_pair(
+                lambda: baseline(*base_in),
+                lambda: candidate(*cand_in),
+                device,
+                int(settings["num_warmup"]),
+                int(settings["num_runs"]),
+            )
+        except Exception as exc:
+            return row("runtime_error", f"during timing: {one_line(exc)}", max_abs_err=max_abs, max_rel_err=max_rel)
+    b_med, b_iqr = summarize(base_ms)
+    c_med, c_iqr = summarize(cand_ms)
+    return row(
+        "passed",
+        max_abs_err=max_abs,
+        max_rel_err=max_rel,
+        baseline_ms=b_med,
+        candidate_ms=c_med,
+        speedup=b_med / c_med if c_med > 0 else None,
+        baseline_ms_iqr=b_iqr,
+        candidate_ms_iqr=c_iqr,
+    )
+
+
+def _triton_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("triton")
+    except Exception:
+        return None

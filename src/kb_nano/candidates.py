@@ -1,0 +1,107 @@
+"""Candidate discovery and loading.
+
+A candidate is ``candidates/{target}/{name}.py`` defining exactly one ``nn.Module``
+subclass with the baseline's constructor signature and ``state_dict`` keys. Its id is
+``{target}/{name}``. An optional class attribute ``supported_devices`` (default
+``("cpu", "cuda")``) lists the device types it runs on. Discovery is torch-free (used at
+Snakefile parse time); loading imports the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kb_nano import operators
+from kb_nano.errors import KbNanoError
+
+CANDIDATES_DIR = Path("candidates")
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+DEFAULT_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class CandidateRef:
+    """A discovered candidate file: ``id`` is ``{target}/{name}``, ``path`` relative to the root."""
+
+    target: str
+    name: str
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return f"{self.target}/{self.name}"
+
+
+class CandidateError(Exception):
+    """A candidate file that cannot be used; ``status`` is the row status
+    (``import_error``) and the message is one line."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def discover(root: Path, directory: Path = CANDIDATES_DIR) -> list[CandidateRef]:
+    """All ``{directory}/{target}/{name}.py`` under ``root`` (files starting with ``_`` are
+    helpers, not candidates), sorted by id.
+
+    Raises ``KbNanoError`` for a directory that is not a known target or a file name that
+    is not a Python identifier.
+    """
+    base = root / directory
+    found = []
+    for path in sorted(base.glob("*/*.py")):
+        if path.name.startswith("_"):
+            continue
+        target = path.parent.name
+        rel = path.relative_to(root)
+        operators.check_target(target, where=str(rel))
+        if not _NAME_RE.match(path.stem):
+            raise KbNanoError(f"{rel}: candidate file names must be Python identifiers (letters, digits, _)")
+        found.append(CandidateRef(target, path.stem, rel))
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a candidate file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_class(path: Path, target: str):
+    """Import a candidate file and return its single ``nn.Module`` subclass.
+
+    Raises ``CandidateError('import_error', ...)`` if the file fails to import or does
+    not define exactly one ``nn.Module`` subclass of its own.
+    """
+    import torch
+
+    module_name = f"kb_nano_candidate_{target}_{Path(path).stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise CandidateError("import_error", f"{path}: import failed: {one_line(exc)}") from None
+    classes = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, torch.nn.Module) and obj.__module__ == module_name
+    ]
+    if len(classes) != 1:
+        found = ", ".join(c.__name__ for c in classes) or "none"
+        raise CandidateError(
+            "import_error", f"{path}: must define exactly one nn.Module subclass for {target} (found: {found})"
+        )
+    return classes[0]
+
+
+def one_line(exc: BaseException) -> str:
+    """``TypeName: message`` on one line, at most 300 characters."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:300]

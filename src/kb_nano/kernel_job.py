@@ -1,0 +1,100 @@
+"""One kernel job as Snakemake runs it: candidate × scenario -> one Parquet shard.
+
+The measurement runs in a child process (:mod:`kb_nano.worker`) under a timeout. When
+the child dies (signal, out of memory) or times out without writing its shard, this
+process writes a ``crashed`` or ``timeout`` row instead, so every job ends with a row.
+Torch-free: the parent stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kb_nano.candidates import file_sha256
+from kb_nano.schema import make_row, scenario_fields, write_rows
+
+
+def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, output: str, log: str, root: str) -> str:
+    """Run the worker for one job and make sure ``output`` holds a row afterwards.
+
+    ``settings``: device, atol, num_warmup, num_runs, num_threads, timeout_s (seconds for
+    the whole worker: import, setup, correctness and timing). Worker stdout/stderr go to
+    ``log``. Returns the row status.
+    """
+    out = Path(output)
+    out.unlink(missing_ok=True)
+    spec = {
+        "scenario": scenario,
+        "candidate_id": candidate_id,
+        "candidate_path": candidate_path,
+        "settings": settings,
+        "output": str(out),
+        "root": root,
+    }
+    t0 = time.perf_counter()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(spec, fh)
+        spec_path = fh.name
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    status = error = None
+    try:
+        with open(log, "w") as log_fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kb_nano.worker", spec_path],
+                stdout=log_fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                code = proc.wait(timeout=float(settings["timeout_s"]))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                status, error = "timeout", f"exceeded timeout_s={settings['timeout_s']}; worker killed (log: {log})"
+            else:
+                if not out.exists():
+                    status, error = "crashed", _crash_reason(code, log)
+    finally:
+        os.unlink(spec_path)
+    if status is not None:
+        write_rows(
+            [
+                make_row(
+                    **scenario_fields(scenario),
+                    candidate=candidate_id,
+                    candidate_sha256=file_sha256(candidate_path),
+                    status=status,
+                    error=error,
+                    atol=float(settings["atol"]),
+                    rtol=float(settings["rtol"]),
+                    num_warmup=int(settings["num_warmup"]),
+                    num_runs=int(settings["num_runs"]),
+                    created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    wall_s=time.perf_counter() - t0,
+                )
+            ],
+            out,
+        )
+        return status
+    import pyarrow.parquet as pq
+
+    return pq.read_table(out, columns=["status"]).column(0)[0].as_py()
+
+
+def _crash_reason(code: int, log: str) -> str:
+    how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    last = ""
+    try:
+        lines = [ln.strip() for ln in Path(log).read_text(errors="replace").splitlines() if ln.strip()]
+        last = lines[-1][:200] if lines else ""
+    except OSError:
+        pass
+    return f"worker {how} without a result" + (f": {last}" if last else "") + f" (log: {log})"

@@ -1,0 +1,70 @@
+"""Merge per-scenario kernel shards into ``results/kernels.parquet`` and the JSON report.
+
+Scenarios the manifest marks not applicable (e.g. a TP that does not divide the heads)
+have no job; the merge adds one ``skipped`` row per selected candidate with the reason,
+so the table says why a shape is missing. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from kb_nano.manifest import atomic_write_text
+from kb_nano.schema import SCHEMA_VERSION, make_row, read_rows, scenario_fields, to_table, write_table
+
+
+def geomean(values) -> float | None:
+    """Geometric mean of positive numbers (None for an empty sequence)."""
+    values = [v for v in values if v is not None and v > 0]
+    if not values:
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Counts per status, pass rate and geometric-mean speedup over passed rows, overall
+    and per candidate. ``pass_rate`` = passed / (rows not skipped)."""
+    def block(rs):
+        counted = [r for r in rs if r["status"] != "skipped"]
+        passed = [r for r in counted if r["status"] == "passed"]
+        return {
+            "rows": len(rs),
+            "by_status": {s: sum(r["status"] == s for r in rs) for s in sorted({r["status"] for r in rs})},
+            "pass_rate": len(passed) / len(counted) if counted else None,
+            "geomean_speedup": geomean(r["speedup"] for r in passed),
+        }
+
+    candidates = sorted({r["candidate"] for r in rows})
+    return {
+        **block(rows),
+        "per_candidate": {c: block([r for r in rows if r["candidate"] == c]) for c in candidates},
+    }
+
+
+def merge(shards: list[Path], not_applicable: list[tuple[dict, str]], parquet_out: Path, json_out: Path) -> list[dict]:
+    """Merge ``shards`` plus ``not_applicable`` ``(scenario, candidate_id)`` pairs.
+
+    Writes the Parquet table (sorted by target, model, tp, num_tokens, candidate) and a
+    JSON document ``{schema_version, tier, summary, rows}``, both atomically.
+    Returns the rows.
+    """
+    table = read_rows(shards)
+    extra = [
+        make_row(**scenario_fields(s), candidate=cid, status="skipped", error=f"not applicable: {s['reason']}")
+        for s, cid in not_applicable
+    ]
+    rows = table.to_pylist() + to_table(extra).to_pylist()
+    rows.sort(key=lambda r: (r["level"], r["target"], r["model"], r["tp"], r["num_tokens"], r["candidate"]))
+    write_table(to_table(rows), parquet_out)
+    clean = json_rows(rows)
+    doc = {"schema_version": SCHEMA_VERSION, "tier": "kernels", "summary": summarize(clean), "rows": clean}
+    atomic_write_text(Path(json_out), json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    return rows
+
+
+def json_rows(rows: list[dict]) -> list[dict]:
+    """Rows with NaN/inf floats replaced by None (JSON has no NaN)."""
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
+

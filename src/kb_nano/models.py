@@ -1,0 +1,177 @@
+"""Model references: short keys, vendored Hugging Face configs, local paths.
+
+A model is named in ``config.yaml`` or on the command line by
+- a short key from ``config/models/models.yaml`` (``llama31-8b``) or a unique prefix of one,
+- a Hugging Face Hub id whose ``config.json`` is vendored under ``config/models/{hub_id}/``,
+- a local directory holding ``config.json``, or a path to a ``config.json`` file.
+Configs are loaded with ``transformers.AutoConfig`` so any real config file works; the
+Hub itself is never contacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kb_nano.errors import KbNanoError
+
+MODELS_DIR = Path("config/models")
+INDEX_FILE = MODELS_DIR / "models.yaml"
+_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A resolved model: its short ``key`` (used in scenario ids), the Hub id if known,
+    and the path of its ``config.json`` (relative to the workflow root when vendored)."""
+
+    key: str
+    hub_id: str | None
+    config_path: Path
+
+
+def load_index(root: Path) -> dict[str, str]:
+    """Read ``config/models/models.yaml`` under ``root``: short key -> Hub id.
+
+    Raises ``KbNanoError`` if the file is missing or malformed.
+    """
+    path = root / INDEX_FILE
+    try:
+        index = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise KbNanoError(f"{path}: missing; it maps model keys to Hub ids (restore it from git)") from None
+    except yaml.YAMLError as exc:
+        raise KbNanoError(f"{path}: not valid YAML ({_one_line(exc)})") from None
+    if not isinstance(index, dict) or not all(isinstance(v, str) for v in index.values()):
+        raise KbNanoError(f"{path}: must map each short key to a Hub id string")
+    for key in index:
+        if not _KEY_RE.match(str(key)) or "__" in str(key):
+            raise KbNanoError(f"{path}: key {key!r} must be lowercase letters, digits, '.' and '-'")
+    return {str(k): v for k, v in index.items()}
+
+
+def slug(name: str) -> str:
+    """Turn a directory or Hub name into a model key (``Llama-3.1-8B`` -> ``llama-3.1-8b``)."""
+    key = re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-.")
+    return key or "model"
+
+
+def resolve(spec: str, root: Path) -> ModelRef:
+    """Resolve one model spec (key, key prefix, vendored Hub id, directory or config.json).
+
+    Raises ``KbNanoError`` naming the spec and the accepted forms when nothing matches,
+    or listing the matches when a key prefix is ambiguous.
+    """
+    index = load_index(root)
+    if spec in index:
+        return _vendored(spec, index[spec], root)
+    by_hub = {hub: key for key, hub in index.items()}
+    if spec in by_hub:
+        return _vendored(by_hub[spec], spec, root)
+    prefixed = sorted(k for k in index if k.startswith(spec))
+    if len(prefixed) == 1:
+        return _vendored(prefixed[0], index[prefixed[0]], root)
+    if len(prefixed) > 1:
+        raise KbNanoError(f"model {spec!r} is ambiguous: matches {', '.join(prefixed)}; give a longer key")
+    path = Path(spec)
+    if path.is_dir() and (path / "config.json").is_file():
+        return ModelRef(slug(path.resolve().name), None, path / "config.json")
+    if path.is_file() and path.suffix == ".json":
+        name = path.resolve().parent.name if path.name == "config.json" else path.stem
+        return ModelRef(slug(name), None, path)
+    vendored = root / MODELS_DIR / spec / "config.json"
+    if vendored.is_file():
+        return ModelRef(slug(spec.split("/")[-1]), spec, vendored.relative_to(root))
+    raise KbNanoError(
+        f"unknown model {spec!r}: use a key from {INDEX_FILE} ({', '.join(sorted(index))}), "
+        f"a Hub id vendored under {MODELS_DIR}/, or a path to a config.json or its directory"
+    )
+
+
+def _vendored(key: str, hub_id: str, root: Path) -> ModelRef:
+    path = MODELS_DIR / hub_id / "config.json"
+    if not (root / path).is_file():
+        raise KbNanoError(f"{INDEX_FILE}: {key} -> {hub_id}, but {path} does not exist; vendor its config.json")
+    return ModelRef(key, hub_id, path)
+
+
+def load_config(ref: ModelRef, root: Path):
+    """Load the ``transformers`` config of ``ref`` with ``AutoConfig`` (no network).
+
+    Raises ``KbNanoError`` when the file is not a loadable Hugging Face config.
+    """
+    from transformers import AutoConfig
+
+    path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
+    try:
+        return AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
+    except Exception as exc:  # transformers raises OSError/ValueError/KeyError for bad files
+        raise KbNanoError(f"{path}: not a loadable Hugging Face config.json ({_one_line(exc)})") from None
+
+
+def config_sha256(ref: ModelRef, root: Path) -> str:
+    """SHA-256 of the model's config.json bytes (recorded in the manifest)."""
+    path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def model_facts(config, ref: ModelRef) -> dict:
+    """The kernel-relevant facts of a ``transformers`` config as a plain dict.
+
+    Keys: architecture, model_type, dtype (e.g. ``bfloat16``), hidden_size,
+    intermediate_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size,
+    rms_norm_eps, hidden_act, max_position_embeddings, num_hidden_layers, rope
+    (``rope_parameters`` of transformers 5: rope_type, rope_theta and scaling fields),
+    partial_rotary_factor, tie_word_embeddings. ``head_dim`` falls back to
+    hidden_size / num_attention_heads as in the transformers Llama code.
+    Raises ``KbNanoError`` naming a required field the config lacks.
+    """
+    def need(field):
+        value = getattr(config, field, None)
+        if value is None:
+            raise KbNanoError(f"{ref.config_path}: field {field!r} is missing; kb-nano needs it to derive shapes")
+        return value
+
+    hidden = int(need("hidden_size"))
+    heads = int(need("num_attention_heads"))
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16"
+    dtype = str(dtype).removeprefix("torch.")
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if "rope_theta" not in rope and getattr(config, "rope_theta", None) is not None:
+        rope["rope_theta"] = config.rope_theta
+    rope.setdefault("rope_type", "default")
+    architectures = getattr(config, "architectures", None) or [type(config).__name__]
+    return {
+        "architecture": architectures[0],
+        "model_type": config.model_type,
+        "dtype": dtype,
+        "hidden_size": hidden,
+        "intermediate_size": int(need("intermediate_size")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": int(head_dim),
+        "vocab_size": int(need("vocab_size")),
+        "rms_norm_eps": float(need("rms_norm_eps")),
+        "hidden_act": str(getattr(config, "hidden_act", "silu")),
+        "max_position_embeddings": int(need("max_position_embeddings")),
+        "num_hidden_layers": int(need("num_hidden_layers")),
+        "rope": {k: _plain(v) for k, v in sorted(rope.items())},
+        "partial_rotary_factor": float(getattr(config, "partial_rotary_factor", None) or 1.0),
+        "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+    }
+
+
+def _plain(value):
+    if isinstance(value, float) and value.is_integer():
+        return float(value)
+    return value
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]

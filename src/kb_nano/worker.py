@@ -1,0 +1,28 @@
+"""Worker process of one kernel job: ``python -m kb_nano.worker SPEC.json``.
+
+Runs :func:`kb_nano.bench.measure` and writes the row as a Parquet shard. It runs in a
+process of its own so that a candidate that segfaults, hangs or exhausts memory only
+takes this process down; :mod:`kb_nano.kernel_job` then records ``crashed``/``timeout``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    """Entry point; ``argv[0]`` is the path of the JSON job spec."""
+    spec = json.loads(Path(argv[0]).read_text())
+    from kb_nano.bench import measure
+    from kb_nano.schema import write_rows
+
+    row = measure(spec["scenario"], spec["candidate_id"], Path(spec["candidate_path"]), spec["settings"], Path(spec["root"]))
+    write_rows([row], Path(spec["output"]))
+    print(f"{row['scenario_id']} {row['candidate']}: {row['status']}" + (f" ({row['error']})" if row["error"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,109 @@
+"""Helpers the Snakefile calls at parse time: config checks, candidate discovery,
+job selection from the manifest. Torch-free and transformers-free (parse time must
+stay cheap: see DESIGN.md "nothing heavy at parse time")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kb_nano import operators
+from kb_nano.candidates import CandidateRef, discover
+from kb_nano.errors import KbNanoError
+from kb_nano.models import INDEX_FILE, resolve
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# Harness files whose edits must rerun every kernel job (with the operator's own module).
+HARNESS_MODULES = ("bench.py", "timing.py", "candidates.py", "schema.py", "worker.py", "kernel_job.py", "operators/base.py")
+MANIFEST_MODULES = ("models.py", "manifest.py", "operators/__init__.py", "operators/base.py")
+
+
+def check_config(config: dict) -> None:
+    """Check the filter fields against the registry; raises ``KbNanoError`` (one line)."""
+    for name in config.get("targets") or []:
+        operators.check_target(name, where="config targets")
+    categories = {e.category for e in operators.CATALOG.values()}
+    for cat in config.get("categories") or []:
+        if cat not in categories:
+            raise KbNanoError(f"config categories: unknown category {cat!r}; known: {', '.join(sorted(categories))}")
+
+
+def candidates(root: Path, config: dict) -> list[CandidateRef]:
+    """Discovered candidates, narrowed by ``config['candidates']`` (ids or id prefixes).
+    Raises ``KbNanoError`` when a requested id matches nothing."""
+    found = discover(root)
+    wanted = config.get("candidates") or []
+    if not wanted:
+        return found
+    chosen = []
+    for want in wanted:
+        hits = [c for c in found if c.id == want or c.id.startswith(want)]
+        if not hits:
+            raise KbNanoError(
+                f"config candidates: {want!r} matches no file candidates/{{target}}/{{name}}.py; "
+                f"known: {', '.join(c.id for c in found)}"
+            )
+        chosen += [c for c in hits if c not in chosen]
+    return sorted(chosen, key=lambda c: c.id)
+
+
+def model_config_files(root: Path, config: dict) -> list[str]:
+    """The models index and the config.json of every configured model (job inputs of
+    the manifest rule). Raises ``KbNanoError`` for an unknown model."""
+    return [str(INDEX_FILE)] + [str(resolve(spec, root).config_path) for spec in config["models"]]
+
+
+def _wanted(scenario: dict, config: dict) -> bool:
+    targets = config.get("targets") or []
+    categories = config.get("categories") or []
+    return (not targets or scenario["target"] in targets) and (not categories or scenario["category"] in categories)
+
+
+def select(manifest: dict, cands: list[CandidateRef], config: dict) -> tuple[list, list]:
+    """Split the manifest into jobs and not-applicable pairs for the configured filters.
+
+    Returns ``(jobs, not_applicable)``: ``jobs`` are ``(scenario, candidate)`` pairs of
+    applicable scenarios; ``not_applicable`` are ``(scenario, candidate)`` pairs whose
+    scenario the manifest marks ``applicable: false``.
+    """
+    by_target: dict[str, list[CandidateRef]] = {}
+    for c in cands:
+        by_target.setdefault(c.target, []).append(c)
+    jobs, skipped = [], []
+    for s in manifest["scenarios"]:
+        if not _wanted(s, config):
+            continue
+        for c in by_target.get(s["target"], []):
+            (jobs if s["applicable"] else skipped).append((s, c))
+    return jobs, skipped
+
+
+def shard_path(scenario_id: str, cand: CandidateRef) -> str:
+    """Output shard of one kernel job."""
+    return f"results/kernels/{cand.target}/{cand.name}/{scenario_id}.parquet"
+
+
+def harness_files(target: str) -> list[str]:
+    """Library files a kernel job of ``target`` depends on (absolute paths of the
+    installed package): editing one reruns those jobs."""
+    module = operators.CATALOG[target].module.split(".")[-1]
+    files = [*HARNESS_MODULES, f"operators/{module}.py"]
+    return [str(PACKAGE_DIR / f) for f in files]
+
+
+def manifest_code_files() -> list[str]:
+    """Library files the manifest depends on (shape rules of every operator)."""
+    modules = {e.module.split(".")[-1] for e in operators.CATALOG.values()}
+    return [str(PACKAGE_DIR / f) for f in (*MANIFEST_MODULES, *(f"operators/{m}.py" for m in sorted(modules)))]
+
+
+def settings(config: dict) -> dict:
+    """The measurement settings handed to every kernel job (a Snakemake param, so a
+    change reruns the jobs)."""
+    return {
+        "device": config["device"],
+        "atol": float(config["atol"]),
+        "rtol": float(config["rtol"]),
+        "num_warmup": int(config["num_warmup"]),
+        "num_runs": int(config["num_runs"]),
+        "timeout_s": float(config["timeout_s"]),
+    }

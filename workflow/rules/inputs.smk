@@ -1,0 +1,18 @@
+checkpoint generate_inputs:
+    input:
+        models=MODEL_FILES,
+        code=kbw.manifest_code_files(),
+    output:
+        MANIFEST,
+    params:
+        models=config["models"],
+        tp=config["tp"],
+        num_tokens=config["num_tokens"],
+        dtype=config["dtype"],
+    log:
+        "results/logs/generate_inputs.log",
+    localrule: True
+    conda:
+        ENV
+    script:
+        "../scripts/generate_inputs.py"

@@ -1,0 +1,17 @@
+"""Snakemake adapter: merge kernel shards into results/kernels.parquet and the JSON."""
+
+from pathlib import Path
+
+from kb_nano.manifest import load
+from kb_nano.merge import merge
+
+scenarios = {s["scenario_id"]: s for s in load(Path(snakemake.input.manifest))["scenarios"]}
+not_applicable = [(scenarios[sid], cid) for sid, cid in snakemake.params.not_applicable]
+rows = merge(
+    [Path(p) for p in snakemake.input.shards],
+    not_applicable,
+    Path(snakemake.output.parquet),
+    Path(snakemake.output.json),
+)
+with open(snakemake.log[0], "w") as log:
+    print(f"merged {len(snakemake.input.shards)} shards + {len(not_applicable)} not-applicable rows = {len(rows)} rows", file=log)
