@@ -3,7 +3,6 @@
 #   kb_nano kernels --target rms_norm     # the same DAG through the CLI
 from snakemake.utils import min_version, validate
 
-
 min_version("9.0")
 
 

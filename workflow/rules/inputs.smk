@@ -4,15 +4,15 @@ checkpoint generate_inputs:
         code=kbw.manifest_code_files(),
     output:
         MANIFEST,
-    params:
-        models=config["models"],
-        tp=config["tp"],
-        num_tokens=config["num_tokens"],
-        dtype=config["dtype"],
     log:
         "results/logs/generate_inputs.log",
     localrule: True
     conda:
         ENV
+    params:
+        models=config["models"],
+        tp=config["tp"],
+        num_tokens=config["num_tokens"],
+        dtype=config["dtype"],
     script:
         "../scripts/generate_inputs.py"

@@ -3,20 +3,20 @@ rule kernel_bench:
         unpack(kernel_job_inputs),
     output:
         "results/kernels/{target}/{name}/{scenario}.parquet",
-    params:
-        scenario=scenario_param,
-        settings=SETTINGS,
     log:
         "results/logs/kernels/{target}/{name}/{scenario}.log",
     wildcard_constraints:
         target="[a-z0-9_]+",
         name="[A-Za-z0-9_]+",
         scenario="[A-Za-z0-9_.-]+",
+    conda:
+        ENV
     threads: 1
     resources:
         gpu=0 if config["device"] == "cpu" else 1,
-    conda:
-        ENV
+    params:
+        scenario=scenario_param,
+        settings=SETTINGS,
     script:
         "../scripts/kernel_bench.py"
 
@@ -28,12 +28,12 @@ rule merge_kernels:
     output:
         parquet="results/kernels.parquet",
         json=config["output_json"],
-    params:
-        not_applicable=not_applicable_pairs,
     log:
         "results/logs/merge_kernels.log",
     localrule: True
     conda:
         ENV
+    params:
+        not_applicable=not_applicable_pairs,
     script:
         "../scripts/merge_kernels.py"
