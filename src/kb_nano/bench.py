@@ -1,9 +1,10 @@
 """One Tier-1 measurement: a candidate against the baseline on one scenario.
 
-Steps (DESIGN.md "One Tier-1 measurement"): build baseline and candidate, copy weights
-baseline -> candidate with ``load_state_dict(strict=True)``, move both to the device,
-check correctness on fresh seeded inputs (each side gets its own clone), then time the
-pair (see :mod:`kb_nano.timing`). Every outcome is a row with a status.
+Steps (DESIGN.md "One Tier-1 measurement"): build baseline and candidate, give constant
+baseline weights seeded random values, copy weights baseline -> candidate with
+``load_state_dict(strict=True)``, move both to the device, check correctness on fresh
+seeded inputs (each side gets its own clone), then time the pair (see
+:mod:`kb_nano.timing`). Every outcome is a row with a status.
 """
 
 from __future__ import annotations
@@ -118,6 +119,22 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
     return "passed", None, max_abs, max_rel
 
 
+def randomize_constant_parameters(module: torch.nn.Module, seed: int, std: float = 0.1) -> None:
+    """Add seeded N(0, std^2) noise to every floating-point parameter whose elements are all
+    equal (RMSNorm's ones, a zero bias), in place.
+
+    Weights initialised to a constant cannot tell a candidate that ignores them from a
+    correct one (``x * 1 == x``); vLLM's kernel tests randomise them the same way
+    (``weight.normal_(mean=1.0, std=0.1)``). Randomly initialised parameters are kept.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point() and p.numel() > 0 and bool((p == p.flatten()[0]).all()):
+                noise = torch.randn(p.shape, generator=generator, dtype=torch.float32) * std
+                p.add_(noise.to(device=p.device, dtype=p.dtype))
+
+
 def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path) -> dict:
     """Run one candidate on one scenario and return a kernel row (see :mod:`kb_nano.schema`).
 
@@ -164,6 +181,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
     init_args = dict(scenario["init_args"])
     torch.manual_seed(seed)
     baseline = op.baseline(**init_args)
+    randomize_constant_parameters(baseline, seed)
     try:
         candidate = cls(**init_args)
     except Exception as exc:

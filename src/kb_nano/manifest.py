@@ -36,7 +36,8 @@ def generate(models: list[str], tps: list[int], num_tokens: list[int], dtype: st
     ``dtype`` ``auto`` uses each model's ``torch_dtype``. A scenario whose TP does not
     divide the sharded dimension (or whose operator the architecture does not use) is
     kept with ``applicable: false`` and the ``reason``.
-    Raises ``KbNanoError`` for unknown models, unloadable configs or duplicate keys.
+    Raises ``KbNanoError`` for unknown models, unloadable configs, duplicate keys or a
+    TP / token count listed twice (which would give duplicate scenario ids).
     """
     from kb_nano.operators.base import NotApplicable
 
@@ -45,10 +46,17 @@ def generate(models: list[str], tps: list[int], num_tokens: list[int], dtype: st
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
         raise KbNanoError(f"config models: {', '.join(dupes)} listed more than once (after resolving)")
+    for what, values in (("tp", tps), ("num_tokens", num_tokens)):
+        repeated = sorted({v for v in values if list(values).count(v) > 1})
+        if repeated:
+            raise KbNanoError(f"config {what}: {', '.join(map(str, repeated))} listed more than once")
     manifest = {"schema_version": SCHEMA_VERSION, "models": {}, "scenarios": []}
     for ref in refs:
         facts = model_facts(load_config(ref, root), ref)
         model_dtype = facts["dtype"] if dtype == "auto" else dtype
+        # Operators derive dtype-dependent constructor args (the rotary cos/sin cache) from
+        # facts: give them the scenario dtype, not the checkpoint's, when it is overridden.
+        op_facts = {**facts, "dtype": model_dtype}
         manifest["models"][ref.key] = {
             "hub_id": ref.hub_id,
             "config_path": str(ref.config_path),
@@ -71,10 +79,10 @@ def generate(models: list[str], tps: list[int], num_tokens: list[int], dtype: st
                         "dtype": model_dtype,
                     }
                     try:
-                        if not op.applies_to(facts):
+                        if not op.applies_to(op_facts):
                             raise NotApplicable(f"{facts['architecture']} does not use {name}")
-                        args = op.init_args(facts, tp)
-                        inputs = op.inputs(args, facts, tp, n, model_dtype)
+                        args = op.init_args(op_facts, tp)
+                        inputs = op.inputs(args, op_facts, tp, n, model_dtype)
                     except NotApplicable as exc:
                         entry.update(applicable=False, reason=str(exc))
                     else:

@@ -3,7 +3,8 @@
 A model is named in ``config.yaml`` or on the command line by
 - a short key from ``config/models/models.yaml`` (``llama31-8b``) or a unique prefix of one,
 - a Hugging Face Hub id whose ``config.json`` is vendored under ``config/models/{hub_id}/``,
-- a local directory holding ``config.json``, or a path to a ``config.json`` file.
+- a local directory holding ``config.json``, or a path to a ``config.json`` file
+  (a relative path is relative to the workflow root).
 Configs are loaded with ``transformers.AutoConfig`` so any real config file works; the
 Hub itself is never contacted.
 """
@@ -61,7 +62,8 @@ def slug(name: str) -> str:
 
 
 def resolve(spec: str, root: Path) -> ModelRef:
-    """Resolve one model spec (key, key prefix, vendored Hub id, directory or config.json).
+    """Resolve one model spec (key, key prefix, vendored Hub id, directory or config.json;
+    relative paths are relative to ``root``).
 
     Raises ``KbNanoError`` naming the spec and the accepted forms when nothing matches,
     or listing the matches when a key prefix is ambiguous.
@@ -77,11 +79,14 @@ def resolve(spec: str, root: Path) -> ModelRef:
         return _vendored(prefixed[0], index[prefixed[0]], root)
     if len(prefixed) > 1:
         raise KbNanoError(f"model {spec!r} is ambiguous: matches {', '.join(prefixed)}; give a longer key")
+    # A relative path is taken from the workflow root, as load_config/config_sha256 read it
+    # and as the workflow (which runs in the root) sees it.
     path = Path(spec)
-    if path.is_dir() and (path / "config.json").is_file():
-        return ModelRef(slug(path.resolve().name), None, path / "config.json")
-    if path.is_file() and path.suffix == ".json":
-        name = path.resolve().parent.name if path.name == "config.json" else path.stem
+    local = path if path.is_absolute() else root / path
+    if local.is_dir() and (local / "config.json").is_file():
+        return ModelRef(slug(local.resolve().name), None, path / "config.json")
+    if local.is_file() and local.suffix == ".json":
+        name = local.resolve().parent.name if local.name == "config.json" else local.stem
         return ModelRef(slug(name), None, path)
     vendored = root / MODELS_DIR / spec / "config.json"
     if vendored.is_file():
@@ -97,6 +102,20 @@ def _vendored(key: str, hub_id: str, root: Path) -> ModelRef:
     if not (root / path).is_file():
         raise KbNanoError(f"{INDEX_FILE}: {key} -> {hub_id}, but {path} does not exist; vendor its config.json")
     return ModelRef(key, hub_id, path)
+
+
+def check_config_file(ref: ModelRef, root: Path) -> None:
+    """Cheap check (no transformers import) that the model's config.json parses as a JSON
+    object with ``model_type``. Raises ``KbNanoError`` naming the file otherwise."""
+    import json
+
+    path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise KbNanoError(f"{path}: not a readable JSON config ({_one_line(exc)})") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise KbNanoError(f"{path}: not a Hugging Face config.json (no 'model_type' field)")
 
 
 def load_config(ref: ModelRef, root: Path):
@@ -162,7 +181,10 @@ def model_facts(config, ref: ModelRef) -> dict:
         "max_position_embeddings": int(need("max_position_embeddings")),
         "num_hidden_layers": int(need("num_hidden_layers")),
         "rope": {k: _plain(v) for k, v in sorted(rope.items())},
-        "partial_rotary_factor": float(getattr(config, "partial_rotary_factor", None) or 1.0),
+        # transformers 5 keeps partial_rotary_factor in rope_parameters (older: an attribute).
+        "partial_rotary_factor": float(
+            rope.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0
+        ),
         "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
     }
 

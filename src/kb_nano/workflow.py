@@ -9,7 +9,7 @@ from pathlib import Path
 from kb_nano import operators
 from kb_nano.candidates import CandidateRef, discover
 from kb_nano.errors import KbNanoError
-from kb_nano.models import INDEX_FILE, resolve
+from kb_nano.models import INDEX_FILE, check_config_file, resolve
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Harness files whose edits must rerun every kernel job (with the operator's own module).
@@ -48,8 +48,12 @@ def candidates(root: Path, config: dict) -> list[CandidateRef]:
 
 def model_config_files(root: Path, config: dict) -> list[str]:
     """The models index and the config.json of every configured model (job inputs of
-    the manifest rule). Raises ``KbNanoError`` for an unknown model."""
-    return [str(INDEX_FILE)] + [str(resolve(spec, root).config_path) for spec in config["models"]]
+    the manifest rule). Raises ``KbNanoError`` for an unknown model or a config.json
+    that is not valid JSON."""
+    refs = [resolve(spec, root) for spec in config["models"]]
+    for ref in refs:
+        check_config_file(ref, root)
+    return [str(INDEX_FILE)] + [str(ref.config_path) for ref in refs]
 
 
 def _wanted(scenario: dict, config: dict) -> bool:

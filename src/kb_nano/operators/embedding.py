@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kb_nano.operators.base import Operator, element_size, randint
+from kb_nano.operators.base import Operator, element_size, randint, shard
 
 PADDING_SIZE = 64  # vLLM DEFAULT_VOCAB_PADDING_SIZE
 
@@ -54,6 +54,9 @@ class VocabParallelEmbedding(nn.Module):
 
 
 def _init_args(facts: dict, tp: int) -> dict:
+    # vLLM splits the padded vocabulary evenly (``vocab_range_from_global_vocab_size``
+    # asserts divisibility); a TP that does not divide it is not a valid deployment.
+    shard(pad_vocab_size(facts["vocab_size"]), tp, "padded vocab_size")
     return {"num_embeddings": facts["vocab_size"], "embedding_dim": facts["hidden_size"], "tp_size": tp, "tp_rank": 0}
 
 

@@ -1,0 +1,415 @@
+"""Candidate discovery and loading, and kb_nano.bench.measure end to end on the CPU."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import textwrap
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kb_nano.bench import measure, randomize_constant_parameters, scenario_seed  # noqa: E402
+from kb_nano.candidates import CandidateError, CandidateRef, discover, file_sha256, load_class  # noqa: E402
+from kb_nano.errors import KbNanoError  # noqa: E402
+from kb_nano.manifest import generate  # noqa: E402
+from kb_nano.operators.norms import RMSNorm  # noqa: E402
+from kb_nano.schema import COLUMNS, STATUSES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tiny Llama for operators whose real shapes are too big for a unit test (the
+# embedding of llama32-1b is 128256 x 2048).
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 1,
+    "vocab_size": 1000,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "max_position_embeddings": 256,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory) -> dict:
+    """Scenario dicts by id: llama32-1b (real shapes) at tp 1/2 and the tiny model at tp 1/2."""
+    tiny = tmp_path_factory.mktemp("tiny-llama")
+    (tiny / "config.json").write_text(json.dumps(TINY_CONFIG))
+    out = {}
+    for models in (["llama32-1b"], [str(tiny)]):
+        manifest = generate(models, [1, 2], [4], "auto", ROOT)
+        out.update({s["scenario_id"]: s for s in manifest["scenarios"]})
+    return out
+
+
+@pytest.fixture
+def settings():
+    # keep the process-wide thread count as it is (measure sets it)
+    return {"device": "cpu", "atol": 0.01, "rtol": 0.01, "num_warmup": 1, "num_runs": 3,
+            "num_threads": torch.get_num_threads()}
+
+
+def write(path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def check_row(row: dict, status: str, candidate_id: str | None = None) -> dict:
+    assert set(row) == set(COLUMNS)
+    assert row["status"] == status, (row["status"], row["error"])
+    assert row["status"] in STATUSES
+    if status == "passed":
+        assert row["error"] is None
+    else:
+        assert isinstance(row["error"], str) and row["error"], row
+        assert "\n" not in row["error"], row["error"]
+    if candidate_id:
+        assert row["candidate"] == candidate_id
+    return row
+
+
+# --------------------------------------------------------------------------- discover
+
+
+def test_discover(tmp_path):
+    write(tmp_path / "candidates/rms_norm/fast.py", "X = 1\n")
+    write(tmp_path / "candidates/rms_norm/_helper.py", "Y = 2\n")  # helper, not a candidate
+    write(tmp_path / "candidates/rms_norm/notes.txt", "ignored\n")
+    write(tmp_path / "candidates/embedding/a_b2.py", "")
+    write(tmp_path / "candidates/fused_add_rms_norm/Zed.py", "")
+    found = discover(tmp_path)
+    assert [c.id for c in found] == ["embedding/a_b2", "fused_add_rms_norm/Zed", "rms_norm/fast"]
+    assert found[-1] == CandidateRef("rms_norm", "fast", Path("candidates/rms_norm/fast.py"))
+
+
+def test_discover_empty(tmp_path):
+    assert discover(tmp_path) == []
+    (tmp_path / "candidates").mkdir()
+    assert discover(tmp_path) == []
+
+
+def test_discover_unknown_target(tmp_path):
+    write(tmp_path / "candidates/flash_attention/v1.py", "")
+    with pytest.raises(KbNanoError) as exc:
+        discover(tmp_path)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert "candidates/flash_attention/v1.py" in msg and "unknown target 'flash_attention'" in msg
+    assert "rms_norm" in msg  # lists the known targets
+
+
+@pytest.mark.parametrize("name", ["bad-name.py", "1st.py", "with space.py"])
+def test_discover_bad_file_name(tmp_path, name):
+    write(tmp_path / "candidates/rms_norm" / name, "")
+    with pytest.raises(KbNanoError) as exc:
+        discover(tmp_path)
+    msg = str(exc.value)
+    assert "\n" not in msg and name in msg and "identifiers" in msg
+
+
+def test_discover_repo_candidates():
+    found = discover(ROOT)
+    assert found, "the repo ships candidates"
+    assert all((ROOT / c.path).is_file() and c.id == f"{c.target}/{c.name}" for c in found)
+
+
+# --------------------------------------------------------------------------- load_class
+
+
+def test_load_class_good(tmp_path):
+    path = write(tmp_path / "good.py", """
+        import torch
+        from torch import nn
+        from kb_nano.operators.norms import RMSNorm  # imported classes do not count
+
+        class Helper:  # not a module
+            pass
+
+        class Mine(RMSNorm):
+            pass
+    """)
+    cls = load_class(path, "rms_norm")
+    assert cls.__name__ == "Mine" and issubclass(cls, RMSNorm)
+
+
+@pytest.mark.parametrize("source,needles", [
+    ("def broken(:\n    pass\n", ["import failed", "SyntaxError"]),
+    ("import no_such_package_kb_nano\n", ["import failed", "ModuleNotFoundError", "no_such_package_kb_nano"]),
+    ("raise RuntimeError('boom\\nsecond line')\n", ["import failed", "RuntimeError: boom second line"]),
+    ("X = 1\n", ["exactly one nn.Module", "found: none"]),
+    ("from torch import nn\nclass A(nn.Module): pass\nclass B(nn.Module): pass\n",
+     ["exactly one nn.Module", "found: A, B"]),
+])
+def test_load_class_errors(tmp_path, source, needles):
+    path = write(tmp_path / "cand.py", source)
+    with pytest.raises(CandidateError) as exc:
+        load_class(path, "rms_norm")
+    assert exc.value.status == "import_error"
+    msg = str(exc.value)
+    assert "\n" not in msg and str(path) in msg
+    for needle in needles:
+        assert needle in msg
+
+
+def test_load_class_missing_file(tmp_path):
+    with pytest.raises(CandidateError) as exc:
+        load_class(tmp_path / "gone.py", "rms_norm")
+    assert exc.value.status == "import_error" and "\n" not in str(exc.value)
+
+
+def test_file_sha256(tmp_path):
+    path = write(tmp_path / "x.py", "X = 1\n")
+    assert file_sha256(path) == hashlib.sha256(b"X = 1\n").hexdigest()
+
+
+# --------------------------------------------------------------------------- measure
+
+RMS_TEMPLATE = """
+import math
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Cand(nn.Module):
+    {class_attrs}
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.variance_epsilon = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        {extra_init}
+
+    def forward(self, x, residual=None):
+        {forward}
+"""
+
+# name -> (expected status, forward body, extra __init__ line, class attributes)
+RMS_CANDIDATES = {
+    "good": ("passed",
+             "return F.rms_norm(x.float(), (self.hidden_size,), None, self.variance_epsilon).to(x.dtype) * self.weight"),
+    "raises": ("runtime_error", "raise RuntimeError('boom\\nat line two')"),
+    "nan": ("nonfinite", "return torch.full_like(x, math.nan)"),
+    "shape": ("incorrect_shape", "return x[:, :-1]"),
+    "dtype": ("incorrect_dtype",
+              "return F.rms_norm(x.float(), (self.hidden_size,), self.weight.float(), self.variance_epsilon)"),
+    "wrong": ("incorrect", "return x * self.weight"),
+    # right only while the weight is all ones: measure must randomise it
+    "ignores_weight": ("incorrect",
+                       "return F.rms_norm(x.float(), (self.hidden_size,), None, self.variance_epsilon).to(x.dtype)"),
+    "cuda_only": ("skipped", "raise AssertionError('must not run on the CPU')", "",
+                  "supported_devices = ('cuda',)"),
+    "extra_key": ("import_error", "return x", "self.bias = nn.Parameter(torch.zeros(hidden_size))"),
+}
+
+
+def rms_candidate(tmp_path: Path, name: str) -> Path:
+    _, forward, *rest = RMS_CANDIDATES[name]
+    extra_init, class_attrs = (list(rest) + ["", ""])[:2]
+    source = RMS_TEMPLATE.format(forward=forward, extra_init=extra_init or "pass",
+                                 class_attrs=class_attrs or "pass")
+    return write(tmp_path / "candidates/rms_norm" / f"{name}.py", source)
+
+
+@pytest.mark.parametrize("name", list(RMS_CANDIDATES))
+def test_measure_rms_norm(tmp_path, scenarios, settings, name):
+    status = RMS_CANDIDATES[name][0]
+    path = rms_candidate(tmp_path, name)
+    scenario = scenarios["rms_norm__llama32-1b__tp1__n4"]
+    row = check_row(measure(scenario, f"rms_norm/{name}", path, settings, tmp_path), status, f"rms_norm/{name}")
+    assert row["scenario_id"] == scenario["scenario_id"] and row["model"] == "llama32-1b"
+    assert row["device"] == "cpu" and row["num_runs"] == 3 and row["atol"] == 0.01
+    assert row["candidate_sha256"] == file_sha256(path)
+    assert row["seed"] == scenario_seed(scenario["scenario_id"])
+    assert json.loads(row["input_shapes"]) == {"x": [4, 2048]}
+    assert row["torch_version"] == torch.__version__
+    timed = ("baseline_ms", "candidate_ms", "speedup", "baseline_ms_iqr", "candidate_ms_iqr")
+    if status == "passed":
+        assert row["max_abs_err"] <= 0.05 and row["max_rel_err"] < 0.05
+        assert row["baseline_ms"] > 0 and row["candidate_ms"] > 0 and row["speedup"] > 0
+        assert row["speedup"] == pytest.approx(row["baseline_ms"] / row["candidate_ms"])
+        assert row["baseline_ms_iqr"] >= 0 and row["candidate_ms_iqr"] >= 0
+    else:
+        assert all(row[k] is None for k in timed)
+    if status == "runtime_error":
+        assert "RuntimeError: boom at line two" in row["error"]
+    if status == "incorrect":
+        assert row["max_abs_err"] > 0.01
+    if status == "skipped":
+        assert "cuda" in row["error"] and "cpu" in row["error"]
+    if status == "import_error":
+        assert "state_dict" in row["error"] and "bias" in row["error"]
+
+
+def test_measure_constructor_mismatch(tmp_path, scenarios, settings):
+    path = write(tmp_path / "c.py", """
+        from torch import nn
+
+        class Cand(nn.Module):
+            def __init__(self, size):
+                super().__init__()
+
+            def forward(self, x, residual=None):
+                return x
+    """)
+    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/c", path, settings, tmp_path),
+                    "import_error")
+    assert row["error"].startswith("constructor Cand(**['eps', 'hidden_size'])") and "TypeError" in row["error"]
+
+
+def test_measure_import_error_row(tmp_path, scenarios, settings):
+    path = write(tmp_path / "c.py", "def f(:\n")
+    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/c", path, settings, tmp_path),
+                    "import_error")
+    assert "SyntaxError" in row["error"]
+
+
+def test_measure_fused_add_tuple_outputs(tmp_path, scenarios, settings):
+    scenario = scenarios["fused_add_rms_norm__llama32-1b__tp1__n4"]
+    good = write(tmp_path / "good.py", """
+        from kb_nano.operators.norms import RMSNorm
+
+        class Good(RMSNorm):
+            pass
+    """)
+    row = check_row(measure(scenario, "fused_add_rms_norm/good", good, settings, tmp_path), "passed")
+    assert row["max_abs_err"] == 0.0
+    drops = write(tmp_path / "drops.py", """
+        from kb_nano.operators.norms import RMSNorm
+
+        class DropsResidual(RMSNorm):
+            def forward(self, x, residual=None):
+                return super().forward(x, residual)[0]
+    """)
+    row = check_row(measure(scenario, "fused_add_rms_norm/drops", drops, settings, tmp_path), "incorrect_shape")
+    assert "returned 1 output(s), baseline returns 2" in row["error"]
+    stale = write(tmp_path / "stale.py", """
+        from kb_nano.operators.norms import RMSNorm
+
+        class StaleResidual(RMSNorm):
+            def forward(self, x, residual=None):
+                out, _ = super().forward(x, residual)
+                return out, residual
+    """)
+    row = check_row(measure(scenario, "fused_add_rms_norm/stale", stale, settings, tmp_path), "incorrect")
+    assert row["max_abs_err"] > 0.01
+
+
+def test_measure_other_operators(tmp_path, scenarios, settings):
+    silu = write(tmp_path / "silu.py", """
+        import torch.nn.functional as F
+        from torch import nn
+
+        class Silu(nn.Module):
+            def forward(self, x):
+                d = x.shape[-1] // 2
+                return F.silu(x[..., :d]) * x[..., d:]
+    """)
+    row = check_row(measure(scenarios["silu_and_mul__llama32-1b__tp2__n4"], "silu_and_mul/silu", silu, settings,
+                            tmp_path), "passed")
+    assert json.loads(row["input_shapes"]) == {"x": [4, 8192]}
+    swapped = write(tmp_path / "swapped.py", """
+        import torch.nn.functional as F
+        from torch import nn
+
+        class Swapped(nn.Module):
+            def forward(self, x):
+                d = x.shape[-1] // 2
+                return F.silu(x[..., d:]) * x[..., :d]
+    """)
+    check_row(measure(scenarios["silu_and_mul__llama32-1b__tp2__n4"], "silu_and_mul/swapped", swapped, settings,
+                      tmp_path), "incorrect")
+    rope = write(tmp_path / "rope.py", """
+        from kb_nano.operators.rotary import RotaryEmbedding
+
+        class Rope(RotaryEmbedding):
+            pass
+    """)
+    check_row(measure(scenarios["rotary_embedding__llama32-1b__tp2__n4"], "rotary_embedding/rope", rope, settings,
+                      tmp_path), "passed")
+    interleaved = write(tmp_path / "interleaved.py", """
+        from kb_nano.operators.rotary import RotaryEmbedding
+
+        class Interleaved(RotaryEmbedding):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.is_neox_style = False
+    """)
+    check_row(measure(scenarios["rotary_embedding__llama32-1b__tp2__n4"], "rotary_embedding/interleaved",
+                      interleaved, settings, tmp_path), "incorrect")
+
+
+def test_measure_embedding_tiny(tmp_path, scenarios, settings):
+    scenario = next(s for s in scenarios.values()
+                    if s["target"] == "embedding" and s["tp"] == 2 and s["model"] != "llama32-1b")
+    assert scenario["init_args"]["num_embeddings"] == 1000 and scenario["applicable"]
+    emb = write(tmp_path / "emb.py", """
+        import torch.nn.functional as F
+        from kb_nano.operators.embedding import VocabParallelEmbedding
+
+        class Plain(VocabParallelEmbedding):
+            def forward(self, input_):
+                local = input_ - self.vocab_start_index
+                mask = (local >= 0) & (local < self.vocab_end_index - self.vocab_start_index)
+                return F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * mask.unsqueeze(-1)
+    """)
+    check_row(measure(scenario, "embedding/emb", emb, settings, tmp_path), "passed")
+    no_mask = write(tmp_path / "no_mask.py", """
+        import torch.nn.functional as F
+        from kb_nano.operators.embedding import VocabParallelEmbedding
+
+        class NoMask(VocabParallelEmbedding):
+            def forward(self, input_):
+                return F.embedding(input_.clamp(0, self.weight.shape[0] - 1), self.weight)
+    """)
+    check_row(measure(scenario, "embedding/no_mask", no_mask, settings, tmp_path), "incorrect")
+
+
+def test_repo_candidates_pass_or_skip_on_cpu(tmp_path, scenarios, settings):
+    """Every shipped candidate passes its scenarios on the CPU, or is skipped because it
+    declares CUDA only."""
+    small = {s["target"]: s for s in scenarios.values()
+             if s["applicable"] and s["tp"] == 2 and s["model"] != "llama32-1b"}
+    for ref in discover(ROOT):
+        cls = load_class(ROOT / ref.path, ref.target)
+        row = measure(small[ref.target], ref.id, ROOT / ref.path, settings, tmp_path)
+        cpu_ok = "cpu" in tuple(getattr(cls, "supported_devices", ("cpu", "cuda")))
+        check_row(row, "passed" if cpu_ok else "skipped", ref.id)
+
+
+def test_randomize_constant_parameters():
+    m = RMSNorm(64)
+    randomize_constant_parameters(m, seed=3)
+    w = m.weight.detach()
+    assert not torch.equal(w, torch.ones(64))
+    assert 0.5 < float(w.mean()) < 1.5 and float(w.std()) > 0.01
+    again = RMSNorm(64)
+    randomize_constant_parameters(again, seed=3)
+    assert torch.equal(again.weight, m.weight)  # seeded
+    # randomly initialised parameters are left alone
+    lin = torch.nn.Linear(4, 4, bias=False)
+    before = lin.weight.detach().clone()
+    randomize_constant_parameters(lin, seed=0)
+    assert torch.equal(lin.weight, before)

@@ -1,0 +1,117 @@
+"""The kb_nano CLI: listing, mapping, one-line errors, and a real run through Snakemake."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workflow_helpers import copy_workflow, kb_nano
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return copy_workflow(tmp_path_factory.mktemp("cli"))
+
+
+def test_list_shows_every_operator(work):
+    out = kb_nano(work, "kernels", "--list")
+    assert out.returncode == 0, out.stderr
+    for name in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "embedding"):
+        assert name in out.stdout
+    level1 = kb_nano(work, "kernels", "--list", "--level", "1")
+    assert "rms_norm" in level1.stdout and "L1" in level1.stdout
+
+
+def test_map_shows_real_per_rank_shapes(work):
+    out = kb_nano(work, "kernels", "--map", "--model", "llama31", "--tp", "1", "4")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "LlamaForCausalLM" in text and "hidden 4096" in text
+    assert "x[N, 28672]" in text  # silu_and_mul input at tp=1: 2 * 14336
+    assert "x[N, 7168]" in text  # ... and at tp=4
+    assert "query[N, 1024]" in text and "key[N, 256]" in text  # rotary at tp=4: 8 heads, 2 kv heads
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--target", "rms_nrom"], "unknown target 'rms_nrom'"),
+        (["--model", "llama99"], "unknown model 'llama99'"),
+        (["--category", "nope"], "unknown category 'nope'"),
+        (["--candidate", "rms_norm/nope"], "'rms_norm/nope' matches no file"),
+        (["--model", "llama3"], None),  # prefix filter: valid (checked with --dry-run below)
+    ],
+)
+def test_bad_flags_give_one_line_errors(work, args, needle):
+    out = kb_nano(work, "kernels", "--dry-run", *args)
+    if needle is None:
+        assert out.returncode == 0, out.stderr
+        return
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("tp: four\n", "tp: 'four' is not of type 'array'"),
+        ("tp: [1\n", "not valid YAML"),
+        ("tpp: [1]\n", "'tpp' was unexpected"),
+        ("atol: -1\n", "atol"),
+        ("models: [nosuchmodel]\n", "unknown model 'nosuchmodel'"),
+    ],
+)
+def test_bad_config_files_give_one_line_errors(work, tmp_path, text, needle):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    out = kb_nano(work, "kernels", "--configfile", str(cfg))
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+def test_bad_candidate_directory_and_broken_model_config(work, tmp_path):
+    stray = work / "candidates/rmsnorm"
+    stray.mkdir()
+    (stray / "fast.py").write_text("")
+    try:
+        out = kb_nano(work, "kernels", "--dry-run")
+        assert out.returncode == 2 and "candidates/rmsnorm/fast.py: unknown target 'rmsnorm'" in out.stderr
+    finally:
+        (stray / "fast.py").unlink()
+        stray.rmdir()
+    broken = tmp_path / "config.json"
+    broken.write_text('{"hidden_size": 10')
+    out = kb_nano(work, "kernels", "--model", str(broken))
+    assert out.returncode == 2 and "not a readable JSON config" in out.stderr
+
+
+@pytest.mark.slow
+def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
+    out_json = tmp_path / "k.json"
+    out = kb_nano(
+        work,
+        "kernels",
+        "--target", "rms_norm",
+        "--model", "llama32-1b",
+        "--tp", "1",
+        "--num-tokens", "1",
+        "--num-warmup", "1",
+        "--num-runs", "3",
+        "--output-json", str(out_json),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "rms_norm__llama32-1b__tp1__n1" in out.stdout and "speedup" in out.stdout
+    assert "steps" in out.stderr  # Snakemake progress was visible
+    doc = json.loads(out_json.read_text())
+    assert {r["candidate"] for r in doc["rows"]} == {"rms_norm/torch_fused", "rms_norm/triton_rowwise"}
+    assert all(r["num_runs"] == 3 for r in doc["rows"] if r["status"] == "passed")
+
+
+@pytest.mark.slow
+def test_generate_inputs_reports_not_applicable_tp(work):
+    out = kb_nano(work, "generate-inputs", "--model", "qwen25-7b", "--tp", "8", "--num-tokens", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "n/a rotary_embedding__qwen25-7b__tp8__n1: tp=8 does not divide num_attention_heads=28" in out.stdout

@@ -1,0 +1,173 @@
+"""kb_nano.bench.compare: statuses, the allclose criterion and the error metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kb_nano.bench import compare
+from kb_nano.schema import STATUSES
+
+T = torch.tensor
+
+
+def check(result, status):
+    got, error, max_abs, max_rel = result
+    assert got == status, result
+    assert got in STATUSES
+    if status == "passed":
+        assert error is None
+    else:
+        assert isinstance(error, str) and error and "\n" not in error
+    return error, max_abs, max_rel
+
+
+def test_identical_passes_with_zero_error():
+    x = torch.randn(4, 8)
+    _, max_abs, max_rel = check(compare(x, x.clone(), 0.01, 0.01), "passed")
+    assert max_abs == 0.0 and max_rel == 0.0
+
+
+def test_max_abs_and_max_rel_definitions():
+    ref = T([1.0, -4.0, 2.0])
+    out = T([1.5, -4.0, 2.25])
+    _, max_abs, max_rel = check(compare(ref, out, 1.0, 0.0), "passed")
+    assert max_abs == pytest.approx(0.5)
+    # max|out - ref| / max|ref| (norm-wise), not max of elementwise ratios (0.5)
+    assert max_rel == pytest.approx(0.5 / 4.0)
+
+
+def test_max_errors_span_all_outputs():
+    ref = (T([1.0, 2.0]), T([10.0]))
+    out = (T([1.3, 2.0]), T([10.1]))
+    _, max_abs, max_rel = check(compare(ref, out, 0.5, 0.0), "passed")
+    assert max_abs == pytest.approx(0.3)
+    assert max_rel == pytest.approx(0.3 / 10.0)
+
+
+def test_atol_plus_rtol_criterion():
+    def T(values):  # float64 so the thresholds below are exact enough
+        return torch.tensor(values, dtype=torch.float64)
+
+    ref = T([100.0, 0.0])
+    # |diff| = 1.05 at 100: allowed is atol 0.1 + rtol 0.01 * 100 = 1.1
+    check(compare(ref, T([101.05, 0.0]), 0.1, 0.01), "passed")
+    # |diff| = 1.2 > 1.1
+    error, max_abs, max_rel = check(compare(ref, T([101.2, 0.0]), 0.1, 0.01), "incorrect")
+    assert max_abs == pytest.approx(1.2) and max_rel == pytest.approx(0.012)
+    assert "1 of 2 elements" in error and "atol 0.1" in error and "rtol 0.01" in error
+    # near zero only atol counts
+    check(compare(ref, T([100.0, 0.09]), 0.1, 0.01), "passed")
+    check(compare(ref, T([100.0, 0.11]), 0.1, 0.01), "incorrect")
+    # rtol 0 is a pure max-abs-error test
+    check(compare(ref, T([100.09, 0.0]), 0.1, 0.0), "passed")
+    check(compare(ref, T([100.2, 0.0]), 0.1, 0.0), "incorrect")
+
+
+def test_criterion_matches_torch_allclose():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(1000, generator=g) * 10
+    out = ref + torch.randn(1000, generator=g) * 0.05
+    for atol, rtol in [(0.01, 0.01), (0.1, 0.0), (0.0, 0.02), (0.2, 0.001)]:
+        status, *_ = compare(ref, out, atol, rtol)
+        assert (status == "passed") == torch.allclose(out.double(), ref.double(), rtol=rtol, atol=atol)
+
+
+def test_bf16_compared_in_double():
+    ref = torch.randn(64, generator=torch.Generator().manual_seed(1)).bfloat16()
+    out = ref.clone()
+    out[3] = out[3] + 0.5
+    error, max_abs, _ = check(compare(ref, out, 0.01, 0.0), "incorrect")
+    assert max_abs == pytest.approx(abs(float(out[3]) - float(ref[3])))
+
+
+def test_incorrect_shape():
+    error, max_abs, max_rel = check(compare(torch.zeros(2, 3), torch.zeros(3, 2), 0.01, 0.01), "incorrect_shape")
+    assert "(3, 2)" in error and "(2, 3)" in error
+    assert max_abs is None and max_rel is None
+    # broadcastable is not equal
+    check(compare(torch.zeros(2, 3), torch.zeros(1, 3), 0.01, 0.01), "incorrect_shape")
+
+
+def test_incorrect_dtype():
+    error, *_ = check(compare(torch.zeros(2, dtype=torch.bfloat16), torch.zeros(2), 0.01, 0.01), "incorrect_dtype")
+    assert "float32" in error and "bfloat16" in error
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nonfinite(bad):
+    ref = torch.ones(5)
+    out = torch.ones(5)
+    out[2] = bad
+    error, max_abs, _ = check(compare(ref, out, 0.01, 0.01), "nonfinite")
+    assert "1 NaN/Inf" in error and max_abs is None
+
+
+def test_nonfinite_where_baseline_is_nonfinite_too_is_not_flagged():
+    ref = T([1.0, math.inf, math.nan])
+    out = T([1.0, math.inf, math.nan])
+    _, max_abs, _ = check(compare(ref, out, 0.01, 0.01), "passed")
+    assert max_abs == 0.0
+
+
+def test_opposite_infinities_are_incorrect():
+    check(compare(T([math.inf]), T([-math.inf]), 0.01, 0.01), "incorrect")
+
+
+def test_tuple_outputs():
+    ref = (torch.ones(2, 4), torch.zeros(2, 4))
+    check(compare(ref, (torch.ones(2, 4), torch.zeros(2, 4)), 0.01, 0.01), "passed")
+    check(compare(ref, [torch.ones(2, 4), torch.zeros(2, 4)], 0.01, 0.01), "passed")  # list is fine
+    # the second output is checked too
+    error, *_ = check(compare(ref, (torch.ones(2, 4), torch.ones(2, 4)), 0.01, 0.01), "incorrect")
+    assert "8 of 16" in error
+    error, *_ = check(compare(ref, (torch.ones(2, 4), torch.zeros(2, 4).double()), 0.01, 0.01), "incorrect_dtype")
+    assert error.startswith("output 1")
+    bad = torch.zeros(2, 4)
+    bad[0, 0] = math.nan
+    error, *_ = check(compare(ref, (torch.ones(2, 4), bad), 0.01, 0.01), "nonfinite")
+    assert error.startswith("output 1")
+
+
+def test_wrong_number_of_outputs():
+    ref = (torch.ones(2), torch.ones(2))
+    error, *_ = check(compare(ref, torch.ones(2), 0.01, 0.01), "incorrect_shape")
+    assert "returned 1 output(s), baseline returns 2" in error
+    error, *_ = check(compare(torch.ones(2), (torch.ones(2), torch.ones(2)), 0.01, 0.01), "incorrect_shape")
+    assert "returned 2 output(s), baseline returns 1" in error
+
+
+def test_none_entries():
+    # rotary with key=None returns (query, None)
+    ref = (torch.ones(3), None)
+    check(compare(ref, (torch.ones(3), None), 0.01, 0.01), "passed")
+    error, *_ = check(compare(ref, (torch.ones(3), torch.ones(3)), 0.01, 0.01), "incorrect_shape")
+    assert "output 1" in error and "NoneType" in error
+    error, *_ = check(compare((torch.ones(3), torch.ones(3)), (torch.ones(3), None), 0.01, 0.01), "incorrect_shape")
+    assert "output 1: NoneType, baseline Tensor" in error
+    check(compare(torch.ones(3), None, 0.01, 0.01), "incorrect_shape")
+
+
+def test_non_tensor_output():
+    error, *_ = check(compare(torch.ones(3), [1.0, 1.0, 1.0], 0.01, 0.01), "incorrect_shape")
+    check(compare(torch.ones(3), "x", 0.01, 0.01), "incorrect_shape")
+    check(compare(torch.ones(3), 1.0, 0.01, 0.01), "incorrect_shape")
+
+
+def test_empty_outputs_pass():
+    _, max_abs, max_rel = check(compare(torch.zeros(0, 4), torch.zeros(0, 4), 0.01, 0.01), "passed")
+    assert max_abs == 0.0 and max_rel == 0.0
+
+
+def test_all_zero_reference_relative_error():
+    _, _, max_rel = check(compare(torch.zeros(3), torch.zeros(3), 0.01, 0.0), "passed")
+    assert max_rel == 0.0
+    _, max_abs, max_rel = check(compare(torch.zeros(3), T([0.0, 0.005, 0.0]), 0.01, 0.0), "passed")
+    assert max_abs == pytest.approx(0.005) and max_rel == math.inf
+
+
+def test_integer_outputs():
+    check(compare(T([1, 2, 3]), T([1, 2, 3]), 0.0, 0.0), "passed")
+    check(compare(T([1, 2, 3]), T([1, 2, 4]), 0.5, 0.0), "incorrect")

@@ -1,0 +1,205 @@
+"""kb_nano.manifest.generate on the vendored configs: ids, shapes, determinism, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+from kb_nano import operators  # noqa: E402
+from kb_nano.errors import KbNanoError  # noqa: E402
+from kb_nano.manifest import (  # noqa: E402
+    SCHEMA_VERSION,
+    dumps,
+    generate,
+    load,
+    scenario_id,
+    scenario_json,
+    write,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ["llama31-8b", "qwen25-7b"]
+TPS = [1, 4, 8]
+NUM_TOKENS = [1, 64]
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    return generate(MODELS, TPS, NUM_TOKENS, "auto", ROOT)
+
+
+def by_id(manifest) -> dict:
+    return {s["scenario_id"]: s for s in manifest["scenarios"]}
+
+
+def test_top_level(manifest):
+    assert manifest["schema_version"] == SCHEMA_VERSION
+    assert list(manifest["models"]) == MODELS
+    m = manifest["models"]["llama31-8b"]
+    assert m["hub_id"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert m["config_path"] == "config/models/meta-llama/Llama-3.1-8B-Instruct/config.json"
+    assert len(m["config_sha256"]) == 64
+    assert m["hidden_size"] == 4096
+
+
+def test_scenario_ids_stable_and_unique(manifest):
+    assert scenario_id("rms_norm", "llama31-8b", 4, 64) == "rms_norm__llama31-8b__tp4__n64"
+    ids = [s["scenario_id"] for s in manifest["scenarios"]]
+    assert len(ids) == len(set(ids)) == len(MODELS) * len(operators.names()) * len(TPS) * len(NUM_TOKENS)
+    # order: model, operator (catalog order), tp, num_tokens
+    assert ids[:4] == [
+        "rms_norm__llama31-8b__tp1__n1",
+        "rms_norm__llama31-8b__tp1__n64",
+        "rms_norm__llama31-8b__tp4__n1",
+        "rms_norm__llama31-8b__tp4__n64",
+    ]
+    for s in manifest["scenarios"]:
+        assert s["scenario_id"] == scenario_id(s["target"], s["model"], s["tp"], s["num_tokens"])
+        entry = operators.CATALOG[s["target"]]
+        assert (s["level"], s["category"]) == (entry.level, entry.category)
+
+
+def test_generation_is_byte_identical(manifest, tmp_path):
+    again = generate(MODELS, TPS, NUM_TOKENS, "auto", ROOT)
+    assert dumps(again) == dumps(manifest)
+    write(manifest, tmp_path / "a.yaml")
+    write(again, tmp_path / "b.yaml")
+    assert (tmp_path / "a.yaml").read_bytes() == (tmp_path / "b.yaml").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "b.yaml"]  # no temp files left
+
+
+def test_write_load_roundtrip(manifest, tmp_path):
+    path = tmp_path / "inputs" / "llm.yaml"
+    write(manifest, path)
+    assert load(path) == manifest
+    assert yaml.safe_load(path.read_text()) == manifest
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(KbNanoError, match="generate-inputs"):
+        load(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 999\nscenarios: []\n")
+    with pytest.raises(KbNanoError, match="regenerate"):
+        load(bad)
+    bad.write_text("- just a list\n")
+    with pytest.raises(KbNanoError):
+        load(bad)
+
+
+def test_dtype_auto_is_bfloat16(manifest):
+    assert {s["dtype"] for s in manifest["scenarios"]} == {"bfloat16"}
+    assert manifest["models"]["llama31-8b"]["dtype"] == "bfloat16"
+    rope = by_id(manifest)["rotary_embedding__llama31-8b__tp1__n1"]
+    assert rope["init_args"]["dtype"] == "bfloat16"
+    assert {i["dtype"] for i in rope["inputs"]} == {"int64", "bfloat16"}
+
+
+def test_dtype_override_reaches_inputs_and_init_args():
+    m = generate(["llama32-1b"], [1], [2], "float32", ROOT)
+    assert {s["dtype"] for s in m["scenarios"]} == {"float32"}
+    assert m["models"]["llama32-1b"]["dtype"] == "bfloat16"  # the checkpoint's, recorded as is
+    rope = by_id(m)["rotary_embedding__llama32-1b__tp1__n2"]
+    assert rope["init_args"]["dtype"] == "float32"  # cos/sin cache in the scenario dtype
+    x = by_id(m)["rms_norm__llama32-1b__tp1__n2"]["inputs"][0]
+    assert x["dtype"] == "float32"
+
+
+def test_hidden_size_and_tp4_shapes(manifest):
+    s = by_id(manifest)
+    for tp in TPS:
+        norm = s[f"rms_norm__llama31-8b__tp{tp}__n64"]
+        assert norm["applicable"] and norm["reason"] is None
+        assert norm["init_args"] == {"hidden_size": 4096, "eps": 1e-5}
+        assert norm["inputs"][0]["shape"] == [64, 4096]
+        fused = s[f"fused_add_rms_norm__llama31-8b__tp{tp}__n64"]
+        assert [i["shape"] for i in fused["inputs"]] == [[64, 4096], [64, 4096]]
+    assert s["silu_and_mul__llama31-8b__tp4__n64"]["inputs"][0]["shape"] == [64, 2 * 14336 // 4]
+    rope = s["rotary_embedding__llama31-8b__tp4__n64"]
+    assert {i["name"]: i["shape"] for i in rope["inputs"]} == {
+        "positions": [64],
+        "query": [64, 32 // 4 * 128],
+        "key": [64, 8 // 4 * 128],
+    }
+    emb = s["embedding__llama31-8b__tp4__n1"]
+    assert emb["init_args"] == {"num_embeddings": 128256, "embedding_dim": 4096, "tp_size": 4, "tp_rank": 0}
+    assert emb["inputs"][0]["init"] == {"dist": "randint", "low": 0, "high": 128256}
+    for sc in manifest["scenarios"]:
+        if sc["applicable"]:
+            assert isinstance(sc["bytes_moved"], int) and sc["bytes_moved"] > 0
+            assert isinstance(sc["flops"], int)
+
+
+def test_rope_llama3_params_in_rotary_init_args(manifest):
+    args = by_id(manifest)["rotary_embedding__llama31-8b__tp1__n1"]["init_args"]
+    assert args["rope_scaling"] == {
+        "factor": 8.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    }
+    assert args["base"] == 500000.0 and args["max_position_embeddings"] == 131072
+    assert args["head_size"] == args["rotary_dim"] == 128 and args["is_neox_style"] is True
+    qwen = by_id(manifest)["rotary_embedding__qwen25-7b__tp1__n1"]["init_args"]
+    assert qwen["rope_scaling"] is None and qwen["base"] == 1e6
+
+
+def test_not_applicable_scenarios_keep_a_reason(manifest):
+    s = by_id(manifest)
+    for n in NUM_TOKENS:
+        sc = s[f"rotary_embedding__qwen25-7b__tp8__n{n}"]
+        assert sc["applicable"] is False
+        assert "num_attention_heads=28" in sc["reason"] and "tp=8" in sc["reason"]
+        assert "init_args" not in sc and "inputs" not in sc
+    # the rest of Qwen2.5-7B at tp 8 still applies (intermediate 18944 divides by 8)
+    assert s["silu_and_mul__qwen25-7b__tp8__n1"]["applicable"] is True
+    assert s["silu_and_mul__qwen25-7b__tp8__n1"]["inputs"][0]["shape"] == [1, 2 * 18944 // 8]
+    assert s["rotary_embedding__qwen25-7b__tp4__n1"]["applicable"] is True
+    not_applicable = [sc["scenario_id"] for sc in manifest["scenarios"] if not sc["applicable"]]
+    assert not_applicable == ["rotary_embedding__qwen25-7b__tp8__n1", "rotary_embedding__qwen25-7b__tp8__n64"]
+
+
+def test_kv_heads_replicated_in_manifest():
+    m = generate(["qwen3-30b-a3b"], [8], [1], "auto", ROOT)  # 4 kv heads at tp 8
+    rope = by_id(m)["rotary_embedding__qwen3-30b-a3b__tp8__n1"]
+    assert {i["name"]: i["shape"] for i in rope["inputs"]} == {"positions": [1], "query": [1, 512], "key": [1, 128]}
+
+
+def test_tp_not_dividing_padded_vocab_is_not_applicable():
+    m = generate(["mixtral-8x7b"], [3], [1], "auto", ROOT)  # vocab 32000 % 3 != 0
+    emb = by_id(m)["embedding__mixtral-8x7b__tp3__n1"]
+    assert emb["applicable"] is False and "vocab_size" in emb["reason"]
+
+
+def test_duplicate_model(tmp_path):
+    with pytest.raises(KbNanoError) as exc:
+        generate(["llama31-8b", "meta-llama/Llama-3.1-8B-Instruct"], [1], [1], "auto", ROOT)
+    msg = str(exc.value)
+    assert "llama31-8b" in msg and "more than once" in msg and "\n" not in msg
+
+
+def test_duplicate_tp_or_num_tokens():
+    with pytest.raises(KbNanoError, match="tp: 4 listed more than once"):
+        generate(["llama32-1b"], [1, 4, 4], [1], "auto", ROOT)
+    with pytest.raises(KbNanoError, match="num_tokens: 1 listed more than once"):
+        generate(["llama32-1b"], [1], [1, 1], "auto", ROOT)
+
+
+def test_unknown_model():
+    with pytest.raises(KbNanoError, match="unknown model 'gpt5'"):
+        generate(["gpt5"], [1], [1], "auto", ROOT)
+
+
+def test_scenario_json_is_canonical(manifest):
+    s = manifest["scenarios"][0]
+    text = scenario_json(s)
+    assert json.loads(text) == s
+    assert text == scenario_json(json.loads(text))
+    assert " " not in text

@@ -1,0 +1,132 @@
+"""Real Snakemake runs of the Tier-1 workflow in temporary copies of the repository."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pandas as pd
+import pytest
+
+from workflow_helpers import copy_workflow, snakemake
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """A workflow copy after one full (small) sweep."""
+    work = copy_workflow(tmp_path_factory.mktemp("wf"))
+    snakemake(work)
+    return work
+
+
+def _mtimes(work):
+    return {p.relative_to(work).as_posix(): p.stat().st_mtime_ns for p in (work / "results/kernels").rglob("*.parquet")}
+
+
+def test_sweep_writes_rows_for_every_scenario_and_candidate(swept):
+    df = pd.read_parquet(swept / "results/kernels.parquet")
+    doc = json.loads((swept / "results/kernels.json").read_text())
+    # llama32-1b × tp1 × n1 × {rms_norm: 2 candidates, silu_and_mul: 2 candidates}
+    assert sorted(df["candidate"]) == [
+        "rms_norm/torch_fused",
+        "rms_norm/triton_rowwise",
+        "silu_and_mul/inplace",
+        "silu_and_mul/triton_fused",
+    ]
+    assert len(doc["rows"]) == len(df) == 4
+    by = df.set_index("candidate")
+    assert by.loc["rms_norm/torch_fused", "status"] == "passed"
+    assert by.loc["rms_norm/torch_fused", "input_shapes"] == json.dumps({"x": [1, 2048]})
+    assert by.loc["rms_norm/triton_rowwise", "status"] == "skipped"
+    assert "cuda" in by.loc["rms_norm/triton_rowwise", "error"]
+    passed = df[df.status == "passed"]
+    assert (passed.baseline_ms > 0).all() and (passed.candidate_ms > 0).all()
+    assert (passed.speedup - passed.baseline_ms / passed.candidate_ms).abs().max() < 1e-9
+    assert doc["summary"]["by_status"] == {"passed": 2, "skipped": 2}
+
+
+def test_rerun_without_changes_does_nothing(swept):
+    before = _mtimes(swept)
+    proc = snakemake(swept, "--dry-run")
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+    snakemake(swept)
+    assert _mtimes(swept) == before
+
+
+def test_editing_one_candidate_reruns_only_its_jobs(swept):
+    before = _mtimes(swept)
+    merged_before = (swept / "results/kernels.parquet").stat().st_mtime_ns
+    time.sleep(0.05)
+    cand = swept / "candidates/silu_and_mul/inplace.py"
+    cand.write_text(cand.read_text() + "\n# touched by the incremental-rerun test\n")
+    snakemake(swept)
+    after = _mtimes(swept)
+    changed = sorted(k for k in after if after[k] != before.get(k))
+    assert changed == ["results/kernels/silu_and_mul/inplace/silu_and_mul__llama32-1b__tp1__n1.parquet"]
+    assert (swept / "results/kernels.parquet").stat().st_mtime_ns > merged_before
+    row = pd.read_parquet(swept / "results/kernels.parquet").set_index("candidate").loc["silu_and_mul/inplace"]
+    import hashlib
+
+    assert row["candidate_sha256"] == hashlib.sha256(cand.read_bytes()).hexdigest()
+
+
+def test_manifest_is_byte_identical_when_regenerated(swept):
+    manifest = swept / "results/inputs/llm.yaml"
+    first = manifest.read_bytes()
+    snakemake(swept, "--forcerun", "generate_inputs", "--until", "generate_inputs")
+    assert manifest.read_bytes() == first
+
+
+def test_bad_candidates_become_rows_and_the_sweep_goes_on(tmp_path):
+    work = copy_workflow(tmp_path, {"targets": ["silu_and_mul"], "timeout_s": 20})
+    bad = work / "candidates/silu_and_mul"
+    (bad / "broken_import.py").write_text("import torch\nraise ImportError('no such extension: my_kernels_C')\n")
+    (bad / "segfaults.py").write_text(
+        "import os, signal\nfrom torch import nn\n\n\nclass Segfaults(nn.Module):\n"
+        "    def forward(self, x):\n        os.kill(os.getpid(), signal.SIGSEGV)\n"
+    )
+    (bad / "hangs.py").write_text(
+        "import time\nfrom torch import nn\n\n\nclass Hangs(nn.Module):\n"
+        "    def forward(self, x):\n        time.sleep(600)\n"
+    )
+    (bad / "wrong.py").write_text(
+        "from torch import nn\n\n\nclass Wrong(nn.Module):\n    def forward(self, x):\n"
+        "        d = x.shape[-1] // 2\n        return x[..., :d] * 2\n"
+    )
+    snakemake(work)
+    df = pd.read_parquet(work / "results/kernels.parquet").set_index("candidate")
+    assert df.loc["silu_and_mul/inplace", "status"] == "passed"
+    assert df.loc["silu_and_mul/broken_import", "status"] == "import_error"
+    assert "my_kernels_C" in df.loc["silu_and_mul/broken_import", "error"]
+    assert df.loc["silu_and_mul/segfaults", "status"] == "crashed"
+    assert "SIGSEGV" in df.loc["silu_and_mul/segfaults", "error"]
+    assert df.loc["silu_and_mul/hangs", "status"] == "timeout"
+    assert df.loc["silu_and_mul/wrong", "status"] == "incorrect"
+    for error in df["error"].dropna():
+        assert "\n" not in error
+
+
+def test_not_applicable_tp_becomes_skipped_rows_with_reason(tmp_path):
+    work = copy_workflow(tmp_path, {"models": ["qwen25-7b"], "tp": [8], "targets": ["silu_and_mul", "rotary_embedding"]})
+    snakemake(work)
+    df = pd.read_parquet(work / "results/kernels.parquet")
+    rot = df[df.target == "rotary_embedding"]
+    assert set(rot.status) == {"skipped"}
+    assert rot.error.str.contains("tp=8 does not divide num_attention_heads=28").all()
+
+
+def test_lint_is_clean_and_files_are_snakefmt_formatted():
+    import subprocess
+    import sys
+
+    from workflow_helpers import REPO
+
+    lint = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert "Congratulations" in lint.stdout + lint.stderr
+    fmt = subprocess.run(
+        [sys.executable, "-m", "snakefmt", "--check", "Snakefile", "workflow/"], cwd=REPO, capture_output=True, text=True
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
