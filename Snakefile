@@ -15,6 +15,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/inputs.smk"
 include: "workflow/rules/kernels.smk"
+include: "workflow/rules/tracking.smk"
 
 
 rule all:
@@ -22,3 +23,4 @@ rule all:
     input:
         "results/kernels.parquet",
         config["output_json"],
+        marker_path("kernels"),

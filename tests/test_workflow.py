@@ -130,3 +130,24 @@ def test_lint_is_clean_and_files_are_snakefmt_formatted():
         [sys.executable, "-m", "snakefmt", "--check", "Snakefile", "workflow/"], cwd=REPO, capture_output=True, text=True
     )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_new_token_count_runs_only_new_scenarios_and_num_runs_reruns_all(swept):
+    import yaml
+
+    before = _mtimes(swept)
+    small = swept / "small.yaml"
+    original = small.read_text()
+    try:
+        cfg = yaml.safe_load(original)
+        small.write_text(yaml.safe_dump({**cfg, "num_tokens": [1, 2]}))
+        snakemake(swept)
+        after = _mtimes(swept)
+        assert {k: after[k] for k in before} == before
+        assert sorted(set(after) - set(before)) == sorted(k.replace("__n1.", "__n2.") for k in before)
+        small.write_text(yaml.safe_dump({**cfg, "num_tokens": [1, 2], "num_runs": 4}))
+        snakemake(swept)
+        rerun = _mtimes(swept)
+        assert all(rerun[k] != after[k] for k in after)
+    finally:
+        small.write_text(original)

@@ -9,9 +9,11 @@ merged results. Arguments after ``--`` go to Snakemake unchanged
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -30,8 +32,7 @@ def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _base_config(root: Path, configfile: str | None) -> dict:
-    path = Path(configfile) if configfile else root / DEFAULT_CONFIG
+def _read_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -43,6 +44,14 @@ def _base_config(root: Path, configfile: str | None) -> dict:
     return data
 
 
+def _base_config(root: Path, configfile: str | None) -> dict:
+    """``config/config.yaml`` updated with ``--configfile`` (as Snakemake layers them)."""
+    config = _read_yaml(root / DEFAULT_CONFIG)
+    if configfile:
+        config.update(_read_yaml(Path(configfile)))
+    return config
+
+
 def select_models(requested: list[str], configured: list[str], root: Path) -> list[str]:
     """Model specs for a run: each requested value keeps the configured models whose key
     starts with it (``llama31`` -> ``llama31-8b``); a value matching none is resolved on
@@ -51,6 +60,8 @@ def select_models(requested: list[str], configured: list[str], root: Path) -> li
 
     keys = {spec: resolve(spec, root).key for spec in configured}
     chosen: list[str] = []
+    # Paths on the command line are relative to the user's directory, not the workflow root.
+    requested = [str(Path(w).resolve()) if Path(w).exists() and not (root / "config/models" / w).exists() else w for w in requested]
     for want in requested:
         hits = [spec for spec, key in keys.items() if key.startswith(want) or spec == want]
         if not hits:
@@ -83,6 +94,41 @@ def _overrides(args, root: Path, base: dict) -> dict:
     return cfg
 
 
+def preflight(root: Path, base: dict, overrides: dict, source: str) -> dict:
+    """Check the effective config before Snakemake starts, so bad input gets one line:
+    schema (``workflow/schemas/config.schema.yaml``), targets/categories, candidate files,
+    models. Returns the effective config. Raises ``KbNanoError``."""
+    import jsonschema
+
+    from kb_nano import workflow as kbw
+
+    config = {**base, **overrides}
+    schema = yaml.safe_load((root / "workflow/schemas/config.schema.yaml").read_text())
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise KbNanoError(f"{source}: {where}: {error.message}")
+    kbw.check_config(config)
+    kbw.candidates(root, config)
+    kbw.model_config_files(root, config)
+    return config
+
+
+def visible_gpus() -> int:
+    """Number of NVIDIA GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` if set,
+    else the devices ``nvidia-smi -L`` lists; 0 without a driver."""
+    import os
+    import shutil
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if not shutil.which("nvidia-smi"):
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
+
+
 def run_snakemake(root: Path, targets: list[str], config: dict, args, passthrough: list[str]) -> int:
     """Run the workflow for ``targets`` with ``config`` overrides; returns Snakemake's
     exit status. Progress ("N of M steps done") streams to the terminal.
@@ -95,6 +141,11 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
     # Targets first: --configfile and --quiet take several values and would swallow them.
     cmd = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(root / "Snakefile"), "--directory", str(root)]
     cmd += ["--cores", str(args.cores)]
+    gpus = visible_gpus()
+    if gpus and "--resources" not in passthrough:
+        # Snakemake only counts GPUs: cap concurrent GPU jobs at the GPUs present, so two
+        # timed kernels never share a device.
+        cmd += ["--resources", f"gpu={gpus}"]
     if args.dry_run:
         cmd += ["--dry-run"]
     if not args.verbose:
@@ -178,6 +229,15 @@ def _shape_text(spec: dict) -> str:
     return f"{spec['name']}[{', '.join(dims)}]"
 
 
+def _report_manifest_error(root: Path, since: float) -> None:
+    """Repeat the one-line error of a failed manifest job (e.g. a broken config.json)."""
+    log = root / "results/logs/generate_inputs.log"
+    if log.is_file() and log.stat().st_mtime >= since:
+        for line in log.read_text().splitlines():
+            if line.startswith("error: "):
+                print(line, file=sys.stderr)
+
+
 def cmd_kernels(args, passthrough: list[str]) -> int:
     """``kb_nano kernels``: run the Tier-1 DAG and print the merged table."""
     root = find_workflow_root()
@@ -187,9 +247,16 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     if args.map:
         return cmd_map(args, root, base)
     config = _overrides(args, root, base)
-    output_json = config.get("output_json", base.get("output_json", "results/kernels.json"))
-    code = run_snakemake(root, ["results/kernels.parquet", output_json], config, args, passthrough)
+    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    output_json = effective["output_json"]
+    started = time.time()
+    from kb_nano.tracking import marker_path
+
+    marker = marker_path("kernels")
+    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    code = run_snakemake(root, ["results/kernels.parquet", output_json, marker], config, args, passthrough)
     if code != 0:
+        _report_manifest_error(root, started)
         print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
               f"{root / 'results/kernels'}; see the messages above", file=sys.stderr)
         return code
@@ -200,6 +267,13 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     doc = json.loads((root / output_json).read_text())
     print_kernels(doc["rows"], doc["summary"])
     print(f"results: {root / 'results/kernels.parquet'}, {root / output_json}")
+    if (root / marker).is_file():
+        rec = json.loads((root / marker).read_text())
+        if (root / marker).stat().st_mtime_ns == marker_before:
+            how = "nothing changed since run"
+        else:
+            how = "new run" if rec["created"] else "inputs unchanged, existing run"
+        print(f"MLflow: {how} {rec['run_id']} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
     return 0
 
 
@@ -208,7 +282,11 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
     root = find_workflow_root()
     base = _base_config(root, args.configfile)
     config = _overrides(args, root, base)
+    preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    started = time.time()
     code = run_snakemake(root, ["results/inputs/llm.yaml"], config, args, passthrough)
+    if code != 0:
+        _report_manifest_error(root, started)
     if code != 0 or args.dry_run:
         return code
     from kb_nano.manifest import load
@@ -221,6 +299,126 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
     for s in na:
         print(f"  n/a {s['scenario_id']}: {s['reason']}")
     return 0
+
+
+def _tracking_uri(args) -> tuple[Path, str]:
+    """Workflow root and tracking URI: ``--tracking-uri`` > $MLFLOW_TRACKING_URI > config
+    ``mlflow_tracking_uri`` > ``results/mlflow.db``."""
+    from kb_nano.tracking import resolve_tracking_uri
+
+    root = find_workflow_root()
+    return root, resolve_tracking_uri(root, _base_config(root, args.configfile), explicit=args.tracking_uri)
+
+
+def cmd_history(args, passthrough: list[str]) -> int:
+    """``kb_nano history``: recorded runs as a table, or ``--compare RUN_A RUN_B``
+    per-scenario speedup changes; read through the MLflow client."""
+    from rich.console import Console
+
+    from kb_nano import history
+
+    if passthrough:
+        raise KbNanoError(f"history takes no arguments after -- (got {' '.join(passthrough)})")
+    if args.target:
+        operators.check_target(args.target, where="--target")
+    _, uri = _tracking_uri(args)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if args.compare:
+        result = history.compare_runs(uri, *args.compare)
+        console.print(history.compare_table(result))
+        a, b = result["a"], result["b"]
+        changed = sum(r["status_a"] != r["status_b"] for r in result["rows"])
+        gm = {k: f"{s['geomean_speedup']:.3f}x" if s["geomean_speedup"] is not None else "-" for k, s in (("a", a), ("b", b))}
+        console.print(f"geomean speedup A {gm['a']} -> B {gm['b']}; {len(result['rows'])} scenario rows, "
+                      f"{changed} changed status")
+        return 0
+    runs = history.list_runs(uri, tier=args.tier, target=args.target, candidate=args.candidate, model=args.model,
+                             limit=args.limit)
+    filters = ", ".join(f"{k} {v}" for k, v in (("tier", args.tier), ("target", args.target),
+                                                 ("candidate", args.candidate), ("model", args.model)) if v)
+    if not runs:
+        print(f"no kb-nano runs{' matching ' + filters if filters else ''} in {uri}")
+        return 0
+    console.print(history.history_table(runs, title="kb-nano history" + (f" ({filters})" if filters else "")))
+    print(f"store: {uri}")
+    return 0
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
+    """``kb_nano mlflow-ui``: run ``mlflow ui`` on the kb-nano store (loopback by default),
+    print its URL once it answers, and serve until Ctrl-C. Arguments after ``--`` go to
+    ``mlflow ui`` (e.g. ``--allowed-hosts``). Raises ``KbNanoError`` if the port is taken
+    or the server does not come up within ``--start-timeout`` seconds."""
+    import signal
+    import socket
+    import urllib.request
+
+    from kb_nano.tracking import artifact_root, check_reachable, is_server, sqlite_path
+
+    _, uri = _tracking_uri(args)
+    if is_server(uri):
+        check_reachable(uri)
+        print(f"MLflow UI: {uri.rstrip('/')}/ (served by the tracking server itself; nothing to start)")
+        return 0
+    url = f"http://{_url_host(args.host)}:{args.port}/"
+    with contextlib.suppress(OSError), socket.create_connection((_url_host(args.host).strip("[]"), args.port), timeout=1):
+        raise KbNanoError(f"port {args.port} on {args.host} is already in use; pick another with --port")
+    db = sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host,
+           "--port", str(args.port), "--workers", str(args.workers)]
+    art = artifact_root(uri)
+    if art is not None:
+        cmd += ["--artifacts-destination", str(art)]
+    cmd += passthrough
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: the MLflow UI has no authentication; anyone who can reach {args.host}:{args.port} "
+              f"can read and delete runs", file=sys.stderr)
+    proc = subprocess.Popen(cmd)
+    def stop(signum, frame):
+        raise KeyboardInterrupt  # SIGTERM: stop the server too (see finally)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        deadline = time.monotonic() + args.start_timeout
+        while True:
+            if proc.poll() is not None:
+                raise KbNanoError(f"mlflow ui exited with status {proc.returncode} before serving; see its messages above")
+            try:
+                with urllib.request.urlopen(url + "health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise KbNanoError(f"mlflow ui did not answer on {url} within {args.start_timeout:.0f} s")
+            time.sleep(0.5)
+        print(f"MLflow UI: {url}  (store: {uri}; Ctrl-C stops it)", flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _tracking_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, config mlflow_tracking_uri, "
+                                          "else sqlite results/mlflow.db)")
+    p.add_argument("--configfile", help="config file layered over config/config.yaml (for mlflow_tracking_uri)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -259,6 +457,25 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate-inputs", help="write the scenario manifest results/inputs/llm.yaml")
     _common(g)
     g.set_defaults(func=cmd_generate_inputs)
+
+    h = sub.add_parser("history", help="past runs recorded in MLflow; --compare two of them")
+    h.add_argument("--tier", choices=["kernels", "e2e", "eval"], help="only this tier (default: all)")
+    h.add_argument("--target", help="only runs that include this operator, e.g. rms_norm")
+    h.add_argument("--candidate", help="only runs that include this candidate id (or id prefix)")
+    h.add_argument("--model", help="only runs that include this model key (or key prefix, e.g. llama31)")
+    h.add_argument("--limit", type=int, default=20, help="at most this many runs, newest first (default 20)")
+    h.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
+                   help="per-scenario speedup changes from run A to run B (ids or unique prefixes)")
+    _tracking_flags(h)
+    h.set_defaults(func=cmd_history)
+
+    u = sub.add_parser("mlflow-ui", help="serve the MLflow UI on the kb-nano store and print its URL")
+    u.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1, loopback only)")
+    u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+    u.add_argument("--workers", type=int, default=1, help="server worker processes (default 1)")
+    u.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for the server (default 120)")
+    _tracking_flags(u)
+    u.set_defaults(func=cmd_mlflow_ui)
     return parser
 
 

@@ -1,0 +1,154 @@
+"""``kb_nano history`` (kb_nano.history + the CLI): listing with filters, --compare, and
+``kb_nano mlflow-ui`` serving the store over HTTP on loopback. Real MLflow throughout."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+from tracking_helpers import free_port, result_set, row, stop, wait_http
+
+from kb_nano import history, tracking
+from kb_nano.cli import main
+from kb_nano.errors import KbNanoError
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Three logged runs: A (rms_norm, llama31), B (silu_and_mul, qwen3), C (rms_norm,
+    llama31, one scenario faster, one now failing)."""
+    tmp = tmp_path_factory.mktemp("history")
+    uri = tracking.default_tracking_uri(tmp)
+    sets = {
+        "A": [row("rms_norm", "torch_fused", speedup=1.0), row("rms_norm", "torch_fused", n=64, speedup=2.0)],
+        "B": [row("silu_and_mul", "inplace", model="qwen3-8b", speedup=0.5)],
+        "C": [row("rms_norm", "torch_fused", speedup=1.5), row("rms_norm", "torch_fused", n=64, status="incorrect")],
+    }
+    ids = {}
+    for name, rows in sets.items():
+        ids[name] = tracking.log_kernels(**result_set(tmp / name, rows), tracking_uri=uri)["run_id"]
+        time.sleep(0.02)  # distinct start times
+    return uri, ids
+
+
+def test_list_runs_newest_first_with_summaries(store):
+    uri, ids = store
+    runs = history.list_runs(uri)
+    assert [r["run_id"] for r in runs] == [ids["C"], ids["B"], ids["A"]]
+    a = runs[2]
+    assert a["tier"] == "kernels" and a["candidates"] == ["rms_norm/torch_fused"]
+    assert a["scenarios_run"] == 2 and a["pass_rate"] == 1.0
+    assert a["geomean_speedup"] == pytest.approx(2**0.5)
+    assert a["git_sha"] == "abc123" and a["models"] == ["llama31-8b"]
+    assert runs[0]["pass_rate"] == 0.5
+
+
+def test_list_runs_filters_and_limit(store):
+    uri, ids = store
+    ids_of = lambda **kw: [r["run_id"] for r in history.list_runs(uri, **kw)]  # noqa: E731
+    assert ids_of(target="rms_norm") == [ids["C"], ids["A"]]
+    assert ids_of(target="silu_and_mul") == [ids["B"]]
+    assert ids_of(candidate="silu_and_mul/") == [ids["B"]]
+    assert ids_of(candidate="rms_norm/torch_fused") == [ids["C"], ids["A"]]
+    assert ids_of(model="qwen3") == [ids["B"]]
+    assert ids_of(model="llama31-8b", limit=1) == [ids["C"]]
+    assert ids_of(tier="kernels", limit=2) == [ids["C"], ids["B"]]
+    assert ids_of(tier="e2e") == []
+    with pytest.raises(KbNanoError, match="--limit"):
+        history.list_runs(uri, limit=0)
+
+
+def test_missing_store_has_no_runs(tmp_path):
+    uri = tracking.default_tracking_uri(tmp_path)
+    assert history.list_runs(uri) == []
+    assert not (tmp_path / "results" / "mlflow.db").exists()  # reading creates nothing
+
+
+def test_compare_per_scenario_changes(store):
+    uri, ids = store
+    result = history.compare_runs(uri, ids["A"], ids["C"][:10])
+    by = {r["scenario_id"]: r for r in result["rows"]}
+    n1, n64 = by["rms_norm__llama31-8b__tp1__n1"], by["rms_norm__llama31-8b__tp1__n64"]
+    assert n1["speedup_a"] == pytest.approx(1.0) and n1["speedup_b"] == pytest.approx(1.5)
+    assert n1["change"] == pytest.approx(0.5)
+    assert (n64["status_a"], n64["status_b"], n64["change"]) == ("passed", "incorrect", None)
+    with pytest.raises(KbNanoError, match="no kb-nano run 'feedbeef'"):
+        history.compare_runs(uri, ids["A"], "feedbeef")
+
+
+def test_cli_history_table_and_filters(store, capsys):
+    uri, ids = store
+    assert main(["history", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    for rid in ids.values():
+        assert rid[:12] in out
+    assert "rms_norm/torch_fused" in out and "kernels" in out and "abc123" in out
+    assert main(["history", "--tracking-uri", uri, "--model", "qwen3", "--limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert ids["B"][:12] in out and ids["A"][:12] not in out
+    assert main(["history", "--tracking-uri", uri, "--candidate", "nothing/here"]) == 0
+    assert "no kb-nano runs matching" in capsys.readouterr().out
+
+
+def test_cli_compare_and_errors(store, capsys):
+    uri, ids = store
+    assert main(["history", "--tracking-uri", uri, "--compare", ids["A"], ids["C"]]) == 0
+    out = capsys.readouterr().out
+    assert "+50.0%" in out and "incorrect" in out
+    assert main(["history", "--tracking-uri", uri, "--compare", ids["A"], "0123456789abcdef"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --compare: no kb-nano run") and err.count("\n") == 1
+    assert main(["history", "--tracking-uri", uri, "--target", "rmsnorm"]) == 2
+    assert "unknown target" in capsys.readouterr().err
+    port = free_port()
+    assert main(["history", "--tracking-uri", f"http://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert "unreachable" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_mlflow_ui_serves_the_runs_on_loopback(store):
+    """`kb_nano mlflow-ui` starts the UI on the same store, prints the URL, and the REST
+    API behind the page lists the logged runs."""
+    uri, ids = store
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kb_nano.cli", "mlflow-ui", "--tracking-uri", uri, "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True).start()
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line.startswith("MLflow UI: "):
+                url = line.split()[2]
+        assert url == f"http://127.0.0.1:{port}/", f"no URL printed (exit {proc.poll()})"
+        wait_http(url + "health", timeout_s=10)
+        with urllib.request.urlopen(url, timeout=10) as resp:  # the UI page itself
+            assert resp.status == 200 and "html" in resp.headers.get("Content-Type", "")
+        with urllib.request.urlopen(url + "api/2.0/mlflow/experiments/get-by-name?experiment_name=kb_nano/kernels",
+                                    timeout=10) as resp:
+            exp_id = json.load(resp)["experiment"]["experiment_id"]
+        req = urllib.request.Request(
+            url + "api/2.0/mlflow/runs/search",
+            data=json.dumps({"experiment_ids": [exp_id], "max_results": 100}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            runs = json.load(resp)["runs"]
+        assert {r["info"]["run_id"] for r in runs} == set(ids.values())
+    finally:
+        stop(proc)
+    assert proc.returncode is not None

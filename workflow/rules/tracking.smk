@@ -1,0 +1,61 @@
+# Plots of the merged results and the single MLflow writer (DESIGN.md "Tracking").
+# The tier is a parameter of both scripts, so e2e/eval tiers reuse them.
+from kb_nano.tracking import marker_path, resolve_tracking_uri
+
+try:
+    TRACKING_URI = resolve_tracking_uri(Path(".").resolve(), config)
+except KbNanoError as exc:
+    raise WorkflowError(f"kb-nano: {exc}") from None
+
+
+report: "../report/workflow.rst"
+
+
+rule plot_kernels:
+    input:
+        parquet="results/kernels.parquet",
+        code=str(kbw.PACKAGE_DIR / "plots.py"),
+    output:
+        speedup=report(
+            "results/plots/kernels_speedup.png",
+            caption="../report/kernels_speedup.rst",
+            category="Kernels",
+            labels={"figure": "speedup per scenario"},
+        ),
+        bandwidth=report(
+            "results/plots/kernels_bandwidth.png",
+            caption="../report/kernels_bandwidth.rst",
+            category="Kernels",
+            labels={"figure": "achieved bandwidth / FLOP rate"},
+        ),
+    log:
+        "results/logs/plot_kernels.log",
+    localrule: True
+    conda:
+        ENV
+    params:
+        tier="kernels",
+    script:
+        "../scripts/plot_kernels.py"
+
+
+rule log_mlflow_kernels:
+    input:
+        parquet="results/kernels.parquet",
+        json=config["output_json"],
+        manifest=MANIFEST,
+        plots=rules.plot_kernels.output,
+        code=str(kbw.PACKAGE_DIR / "tracking.py"),
+    output:
+        marker_path("kernels"),
+    log:
+        "results/logs/log_mlflow_kernels.log",
+    localrule: True
+    conda:
+        ENV
+    params:
+        tier="kernels",
+        tracking_uri=TRACKING_URI,
+        config={k: v for k, v in config.items() if k != "mlflow_tracking_uri"},
+    script:
+        "../scripts/log_mlflow.py"

@@ -1,0 +1,33 @@
+"""Snakemake adapter: log one merged result set as an MLflow run (see kb_nano.tracking).
+
+The only MLflow writer of the workflow; idempotent (a run per digest of its inputs)."""
+
+import json
+import sys
+from pathlib import Path
+
+from kb_nano.errors import KbNanoError
+from kb_nano.tracking import log_kernels
+
+LOGGERS = {"kernels": log_kernels}
+
+with open(snakemake.log[0], "w") as log:
+    tier = snakemake.params.tier
+    try:
+        record = LOGGERS[tier](
+            parquet=Path(snakemake.input.parquet),
+            json_path=Path(snakemake.input.json),
+            manifest=Path(snakemake.input.manifest),
+            plots=[Path(p) for p in snakemake.input.plots],
+            tracking_uri=snakemake.params.tracking_uri,
+            root=Path.cwd(),
+            config=dict(snakemake.params.config),
+            marker=Path(snakemake.output[0]),
+        )
+    except KbNanoError as exc:
+        print(f"error: {exc}", file=log)
+        print(f"kb-nano error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    what = "created run" if record["created"] else "unchanged inputs; kept run"
+    print(f"{what} {record['run_id']} in {record['experiment']} ({record['tracking_uri']})", file=log)
+    print(json.dumps(record, sort_keys=True), file=log)
