@@ -350,6 +350,20 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _print_experiment_urls(url: str) -> None:
+    """Print the runs page of each kb-nano experiment (MLflow 3 opens on its GenAI view)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}api/2.0/mlflow/experiments/search?max_results=100", timeout=10) as resp:
+            experiments = json.load(resp).get("experiments", [])
+    except (OSError, ValueError):
+        return
+    for exp in experiments:
+        if exp["name"].startswith("kb_nano/"):
+            print(f"  {exp['name']} runs: {url}#/experiments/{exp['experiment_id']}/runs", flush=True)
+
+
 def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
     """``kb_nano mlflow-ui``: run ``mlflow ui`` on the kb-nano store (loopback by default),
     print its URL once it answers, and serve until Ctrl-C. Arguments after ``--`` go to
@@ -401,6 +415,7 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
                 raise KbNanoError(f"mlflow ui did not answer on {url} within {args.start_timeout:.0f} s")
             time.sleep(0.5)
         print(f"MLflow UI: {url}  (store: {uri}; Ctrl-C stops it)", flush=True)
+        _print_experiment_urls(url)
         return proc.wait()
     except KeyboardInterrupt:
         return 0
