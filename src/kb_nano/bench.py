@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import platform
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +21,7 @@ import kb_nano
 from kb_nano import operators
 from kb_nano.candidates import DEFAULT_DEVICES, CandidateError, load_class, one_line
 from kb_nano.operators.base import DTYPES, make_tensor
+from kb_nano.provenance import git_sha, package_version
 from kb_nano.schema import make_row, scenario_fields
 from kb_nano.timing import summarize, time_pair
 
@@ -51,20 +51,6 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
-def git_sha(root: Path) -> str | None:
-    """``git rev-parse HEAD`` of the workflow root, with ``-dirty`` when files changed."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if sha.returncode:
-            return None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
-        )
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
 def _flatten(out) -> list:
     if isinstance(out, (tuple, list)):
         return list(out)
@@ -80,7 +66,8 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
     ``nonfinite`` when the candidate has NaN/Inf where the baseline does not,
     ``incorrect`` when any element has ``|out - ref| > atol + rtol * |ref|``
     (``torch.allclose`` semantics, the criterion of vLLM's kernel tests; ``rtol=0`` gives
-    a pure max-abs-error test), else ``passed``.
+    a pure max-abs-error test), or when an integer/bool output (token ids) differs at
+    all (exact, whatever atol/rtol), else ``passed``.
     ``max_rel_err = max|out - ref| / max|ref|`` over all outputs (norm-wise relative error).
     """
     refs, outs = _flatten(ref), _flatten(out)
@@ -106,7 +93,10 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
             diff = (of - rf).abs().nan_to_num(0.0)
             max_abs = max(max_abs, float(diff.max()))
             max_ref = max(max_ref, float(rf.abs().nan_to_num(0.0).max()))
-            n_bad += int((diff > atol + rtol * rf.abs().nan_to_num(0.0)).sum())
+            if r.is_floating_point() or r.is_complex():
+                n_bad += int((diff > atol + rtol * rf.abs().nan_to_num(0.0)).sum())
+            else:
+                n_bad += int((o != r).sum())
             n_all += rf.numel()
     max_rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else float("inf"))
     if n_bad:
@@ -135,31 +125,53 @@ def randomize_constant_parameters(module: torch.nn.Module, seed: int, std: float
                 p.add_(noise.to(device=p.device, dtype=p.dtype))
 
 
+def tolerance(scenario: dict, settings: dict) -> tuple[float, float]:
+    """Effective ``(atol, rtol)`` of a measurement.
+
+    Rule: a number in ``settings`` (the config's ``atol`` / ``rtol``, ``--atol`` / ``--rtol``)
+    is a global override for every operator; ``None`` (the default config) means the
+    operator's tolerance for the scenario dtype, which the manifest records in the
+    scenario (``Operator.tolerance``, table :data:`kb_nano.operators.base.TOLERANCES`).
+    Each of the two is resolved on its own.
+    """
+    if scenario.get("atol") is None or scenario.get("rtol") is None:
+        from kb_nano.operators.base import tolerance_for
+
+        default = tolerance_for(operators.get(scenario["target"]), scenario["dtype"])
+    else:
+        default = (float(scenario["atol"]), float(scenario["rtol"]))
+    atol = default[0] if settings.get("atol") is None else float(settings["atol"])
+    rtol = default[1] if settings.get("rtol") is None else float(settings["rtol"])
+    return atol, rtol
+
+
 def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path) -> dict:
     """Run one candidate on one scenario and return a kernel row (see :mod:`kb_nano.schema`).
 
-    ``settings``: ``device`` (auto|cpu|cuda[:i]), ``atol``, ``rtol``, ``num_warmup``, ``num_runs``,
-    ``num_threads``. Candidate problems become rows (``import_error``, ``runtime_error``,
-    ``incorrect*``, ``nonfinite``, ``skipped``); errors of the harness itself propagate.
+    ``settings``: ``device`` (auto|cpu|cuda[:i]), ``atol``, ``rtol`` (None = the operator's
+    tolerance, see :func:`tolerance`), ``num_warmup``, ``num_runs``, ``num_threads``.
+    Candidate problems become rows (``import_error``, ``runtime_error``, ``incorrect*``,
+    ``nonfinite``, ``skipped``); errors of the harness itself propagate.
     """
     t_start = time.perf_counter()
     device = resolve_device(settings["device"])
     torch.set_num_threads(int(settings["num_threads"]))
     seed = scenario_seed(scenario["scenario_id"])
+    atol, rtol = tolerance(scenario, settings)
     base = {
         **scenario_fields(scenario),
         "seed": seed,
         "candidate": candidate_id,
         "candidate_sha256": hashlib.sha256(Path(candidate_path).read_bytes()).hexdigest(),
-        "atol": float(settings["atol"]),
-        "rtol": float(settings["rtol"]),
+        "atol": atol,
+        "rtol": rtol,
         "num_warmup": int(settings["num_warmup"]),
         "num_runs": int(settings["num_runs"]),
         "num_threads": torch.get_num_threads(),
         "device": device.type,
         "device_name": device_name(device),
         "torch_version": torch.__version__,
-        "triton_version": _triton_version(),
+        "triton_version": package_version("triton"),
         "kb_nano_version": kb_nano.__version__,
         "git_sha": git_sha(root),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -203,7 +215,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
                 torch.cuda.synchronize(device)
         except Exception as exc:
             return row("runtime_error", one_line(exc))
-        status, error, max_abs, max_rel = compare(ref, out, float(settings["atol"]), float(settings["rtol"]))
+        status, error, max_abs, max_rel = compare(ref, out, atol, rtol)
         if status != "passed":
             return row(status, error, max_abs_err=max_abs, max_rel_err=max_rel)
         del ref, out
@@ -231,12 +243,3 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         baseline_ms_iqr=b_iqr,
         candidate_ms_iqr=c_iqr,
     )
-
-
-def _triton_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("triton")
-    except Exception:
-        return None

@@ -25,7 +25,6 @@ import hashlib
 import json
 import math
 import os
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import kb_nano
 from kb_nano.errors import KbNanoError
+from kb_nano.provenance import git_sha, package_version
 
 EXPERIMENT_PREFIX = "kb_nano"
 TIERS = ("kernels", "e2e", "eval")
@@ -303,31 +303,6 @@ def _natural(text: str):
     return (0, int(text)) if text.isdigit() else (1, text)
 
 
-def git_sha(root: Path) -> str | None:
-    """``git rev-parse HEAD`` of ``root`` plus ``-dirty`` when tracked files changed;
-    None outside a git checkout."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if sha.returncode:
-            return None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
-        )
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def package_version(name: str) -> str:
-    """Installed version of a distribution, or ``not installed``."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
-
-
 def config_digest(config: dict | None) -> str:
     """SHA-256 of the canonical JSON of the workflow config, without the tracking-URI key
     (where results are recorded is not part of what was measured)."""
@@ -361,9 +336,9 @@ def kernel_params(rows: list[dict], config: dict | None, root: Path) -> dict[str
         "atol": setting("atol"),
         "rtol": setting("rtol"),
         "kb_nano_version": _distinct(rows, "kb_nano_version") or kb_nano.__version__,
-        "torch_version": _distinct(rows, "torch_version") or package_version("torch"),
-        "triton_version": _distinct(rows, "triton_version") or package_version("triton"),
-        "vllm_version": package_version("vllm"),
+        "torch_version": _distinct(rows, "torch_version") or package_version("torch") or "not installed",
+        "triton_version": _distinct(rows, "triton_version") or package_version("triton") or "not installed",
+        "vllm_version": package_version("vllm") or "not installed",
         "git_sha": _distinct(rows, "git_sha") or git_sha(root) or "unknown",
         "schema_version": _distinct(rows, "schema_version"),
     }
