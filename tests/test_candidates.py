@@ -48,6 +48,30 @@ TINY_CONFIG = {
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
 }
+# Tiny Qwen3-MoE (qk_norm, fused_moe) and Gemma-2 (gelu_and_mul, soft-capped attention).
+TINY_QWEN3_MOE = {
+    **{k: v for k, v in TINY_CONFIG.items() if k != "rope_scaling"},
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "rope_theta": 1000000.0,
+}
+TINY_GEMMA2 = {
+    **{k: v for k, v in TINY_CONFIG.items() if k != "rope_scaling"},
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "query_pre_attn_scalar": 16,
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "sliding_window": 128,
+    "rope_theta": 10000.0,
+    "num_hidden_layers": 2,  # one sliding and one global layer
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +79,13 @@ def scenarios(tmp_path_factory) -> dict:
     """Scenario dicts by id: llama32-1b (real shapes) at tp 1/2 and the tiny model at tp 1/2."""
     tiny = tmp_path_factory.mktemp("tiny-llama")
     (tiny / "config.json").write_text(json.dumps(TINY_CONFIG))
+    tiny_more = []
+    for name, config in (("tiny-qwen3-moe", TINY_QWEN3_MOE), ("tiny-gemma2", TINY_GEMMA2)):
+        path = tmp_path_factory.mktemp(name)
+        (path / "config.json").write_text(json.dumps(config))
+        tiny_more.append(str(path))
     out = {}
-    for models in (["llama32-1b"], [str(tiny)]):
+    for models in (["llama32-1b"], [str(tiny), *tiny_more]):
         manifest = generate(models, [1, 2], [4], "auto", ROOT)
         out.update({s["scenario_id"]: s for s in manifest["scenarios"]})
     return out
@@ -390,8 +419,12 @@ def test_measure_embedding_tiny(tmp_path, scenarios, settings):
 def test_repo_candidates_pass_or_skip_on_cpu(tmp_path, scenarios, settings):
     """Every shipped candidate passes its scenarios on the CPU, or is skipped because it
     declares CUDA only."""
-    small = {s["target"]: s for s in scenarios.values()
-             if s["applicable"] and s["tp"] == 2 and s["model"] != "llama32-1b"}
+    # per target the first applicable one: tp 2 (else 1, for `model`); tiny llama, else tiny qwen3-moe / gemma2
+    small: dict = {}
+    for tp in (2, 1):
+        for s in scenarios.values():
+            if s["applicable"] and s["tp"] == tp and s["model"] != "llama32-1b":
+                small.setdefault(s["target"], s)
     for ref in discover(ROOT):
         cls = load_class(ROOT / ref.path, ref.target)
         row = measure(small[ref.target], ref.id, ROOT / ref.path, settings, tmp_path)
@@ -413,3 +446,107 @@ def test_randomize_constant_parameters():
     before = lin.weight.detach().clone()
     randomize_constant_parameters(lin, seed=0)
     assert torch.equal(lin.weight, before)
+
+
+# --------------------------------------------------------------------------- adversarial candidates
+
+
+def test_caching_candidate_is_caught_after_timing(tmp_path, scenarios, settings):
+    path = write(tmp_path / "candidates/rms_norm/caches.py", """
+        import torch
+        from kb_nano.operators.norms import RMSNorm
+
+        class Caches(RMSNorm):
+            cached = None
+
+            def forward(self, x, residual=None):
+                if Caches.cached is None:
+                    Caches.cached = super().forward(x)
+                return Caches.cached.clone()
+    """)
+    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/caches", path, settings, tmp_path),
+                    "incorrect")
+    assert row["error"].startswith("after timing, on a second input set")
+
+
+def test_candidate_patching_the_baseline_is_rejected(tmp_path, scenarios, settings):
+    path = write(tmp_path / "candidates/rms_norm/patches.py", """
+        import time
+        from kb_nano.operators import norms
+
+        _orig = norms.RMSNorm.forward
+
+        def slow(self, *args, **kwargs):
+            time.sleep(0.01)
+            return _orig(self, *args, **kwargs)
+
+        norms.RMSNorm.forward = slow
+
+        class Patches(norms.RMSNorm):
+            pass
+    """)
+    from kb_nano.operators import norms
+
+    original = norms.RMSNorm.forward
+    try:
+        row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/patches", path, settings,
+                                tmp_path), "import_error")
+    finally:
+        norms.RMSNorm.forward = original
+    assert "modified the baseline class RMSNorm" in row["error"]
+
+
+def test_one_tuple_for_a_tensor_is_incorrect_shape(tmp_path, scenarios, settings):
+    path = write(tmp_path / "candidates/rms_norm/tupled.py", """
+        from kb_nano.operators.norms import RMSNorm
+
+        class Tupled(RMSNorm):
+            def forward(self, x, residual=None):
+                return (super().forward(x),)
+    """)
+    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/tupled", path, settings, tmp_path),
+                    "incorrect_shape")
+    assert "returned a tuple, baseline returns a Tensor" in row["error"]
+
+
+def test_bad_supported_devices_is_an_import_error(tmp_path, scenarios, settings):
+    path = write(tmp_path / "candidates/rms_norm/strdev.py", """
+        from kb_nano.operators.norms import RMSNorm
+
+        class StrDev(RMSNorm):
+            supported_devices = "cpu"
+    """)
+    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/strdev", path, settings, tmp_path),
+                    "import_error")
+    assert "supported_devices must be a tuple" in row["error"]
+
+
+def test_candidates_can_import_underscore_helpers(tmp_path, scenarios, settings):
+    write(tmp_path / "candidates/rms_norm/_shared.py", """
+        from kb_nano.operators.norms import RMSNorm as Base
+    """)
+    path = write(tmp_path / "candidates/rms_norm/uses_helper.py", """
+        from _shared import Base
+
+        class UsesHelper(Base):
+            pass
+    """)
+    check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/uses_helper", path, settings, tmp_path),
+              "passed")
+
+
+def test_merge_turns_an_unreadable_shard_into_a_crashed_row(tmp_path, scenarios):
+    from kb_nano.merge import merge
+    from kb_nano.schema import make_row, scenario_fields, write_rows
+
+    scenario = scenarios["rms_norm__llama32-1b__tp1__n4"]
+    shard_dir = tmp_path / "results/kernels/rms_norm"
+    good = shard_dir / "good" / f"{scenario['scenario_id']}.parquet"
+    write_rows([make_row(**scenario_fields(scenario), candidate="rms_norm/good", status="passed")], good)
+    bad = shard_dir / "bad" / f"{scenario['scenario_id']}.parquet"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(good.read_bytes()[:100])
+    rows = merge([good, bad], [], tmp_path / "k.parquet", tmp_path / "k.json", scenarios)
+    by = {r["candidate"]: r for r in rows}
+    assert by["rms_norm/good"]["status"] == "passed"
+    assert by["rms_norm/bad"]["status"] == "crashed" and "delete it and rerun" in by["rms_norm/bad"]["error"]

@@ -115,3 +115,43 @@ def test_generate_inputs_reports_not_applicable_tp(work):
     out = kb_nano(work, "generate-inputs", "--model", "qwen25-7b", "--tp", "8", "--num-tokens", "1")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "n/a rotary_embedding__qwen25-7b__tp8__n1: tp=8 does not divide num_attention_heads=28" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--atol", "nan"], "atol: nan is not a finite number"),
+        (["--device", "cuda"], "no NVIDIA GPU is visible here"),
+        (["--output-json", "results/mlflow/kernels.json"], "belongs to another kb-nano output"),
+        (["--output-json", "/proc/nope/x.json"], "is not writable"),
+        (["--num-runs", "0"], "--num-runs: num_runs"),
+        (["--tp", "1", "1"], "--tp: tp"),
+        (["--level", "2"], "--level only filters --list"),
+        (["--map", "--tp", "0"], "--tp: tp.0"),
+    ],
+)
+def test_more_bad_flags_give_one_line_errors(work, args, needle):
+    out = kb_nano(work, "kernels", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+def test_config_json_missing_a_shape_field_is_an_error(work, tmp_path):
+    src = json.loads((work / "config/models/meta-llama/Llama-3.2-1B-Instruct/config.json").read_text())
+    del src["hidden_size"]
+    model = tmp_path / "nohidden"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(src))
+    out = kb_nano(work, "kernels", "--model", str(model), "--dry-run")
+    assert out.returncode == 2 and "field(s) hidden_size missing" in out.stderr, out.stderr
+
+
+def test_garbage_tracking_uri_is_an_error(work):
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "kb_nano.cli", "kernels", "--dry-run"], cwd=work, capture_output=True,
+                         text=True, env={**os.environ, "KB_NANO_ROOT": str(work), "MLFLOW_TRACKING_URI": "garbage!!"})
+    assert out.returncode == 2 and "not an MLflow store" in out.stderr, out.stderr

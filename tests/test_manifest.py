@@ -24,6 +24,8 @@ from kb_nano.manifest import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+L1_L2 = {"rms_norm", "fused_add_rms_norm", "qk_norm", "silu_and_mul", "gelu_and_mul", "rotary_embedding", "embedding",
+         "lm_head", "sampler", "attention", "mlp", "fused_moe"}
 MODELS = ["llama31-8b", "qwen25-7b"]
 TPS = [1, 4, 8]
 NUM_TOKENS = [1, 64]
@@ -32,6 +34,13 @@ NUM_TOKENS = [1, 64]
 @pytest.fixture(scope="module")
 def manifest():
     return generate(MODELS, TPS, NUM_TOKENS, "auto", ROOT)
+
+
+def facts(key: str) -> dict:
+    from kb_nano.models import load_config, model_facts, resolve
+
+    ref = resolve(key, ROOT)
+    return model_facts(load_config(ref, ROOT), ref)
 
 
 def by_id(manifest) -> dict:
@@ -51,7 +60,9 @@ def test_top_level(manifest):
 def test_scenario_ids_stable_and_unique(manifest):
     assert scenario_id("rms_norm", "llama31-8b", 4, 64) == "rms_norm__llama31-8b__tp4__n64"
     ids = [s["scenario_id"] for s in manifest["scenarios"]]
-    assert len(ids) == len(set(ids)) == len(MODELS) * len(operators.names()) * len(TPS) * len(NUM_TOKENS)
+    variants = {m: sum(len(operators.get(n).variants(facts(m), {"context_lens": None})) for n in operators.names())
+                for m in MODELS}
+    assert len(ids) == len(set(ids)) == sum(variants.values()) * len(TPS) * len(NUM_TOKENS)
     # order: model, operator (catalog order), tp, num_tokens
     assert ids[:4] == [
         "rms_norm__llama31-8b__tp1__n1",
@@ -60,7 +71,7 @@ def test_scenario_ids_stable_and_unique(manifest):
         "rms_norm__llama31-8b__tp4__n64",
     ]
     for s in manifest["scenarios"]:
-        assert s["scenario_id"] == scenario_id(s["target"], s["model"], s["tp"], s["num_tokens"])
+        assert s["scenario_id"] == scenario_id(s["target"], s["model"], s["tp"], s["num_tokens"], s.get("variant", ""))
         entry = operators.CATALOG[s["target"]]
         assert (s["level"], s["category"]) == (entry.level, entry.category)
 
@@ -162,8 +173,19 @@ def test_not_applicable_scenarios_keep_a_reason(manifest):
     assert s["silu_and_mul__qwen25-7b__tp8__n1"]["applicable"] is True
     assert s["silu_and_mul__qwen25-7b__tp8__n1"]["inputs"][0]["shape"] == [1, 2 * 18944 // 8]
     assert s["rotary_embedding__qwen25-7b__tp4__n1"]["applicable"] is True
-    not_applicable = [sc["scenario_id"] for sc in manifest["scenarios"] if not sc["applicable"]]
-    assert not_applicable == ["rotary_embedding__qwen25-7b__tp8__n1", "rotary_embedding__qwen25-7b__tp8__n64"]
+    not_applicable = [sc["scenario_id"] for sc in manifest["scenarios"]
+                      if not sc["applicable"] and sc["target"] in L1_L2 and "does not use" not in sc["reason"]]
+    assert not_applicable == [
+        "rotary_embedding__qwen25-7b__tp8__n1",
+        "rotary_embedding__qwen25-7b__tp8__n64",
+        "attention__qwen25-7b__tp8__n1",
+        "attention__qwen25-7b__tp8__n1__ctx256",
+        "attention__qwen25-7b__tp8__n64",
+        "attention__qwen25-7b__tp8__n64__ctx256",
+    ]
+    # operators the architectures do not use (Llama / Qwen2: no QK-norm, no GeGLU, no experts)
+    unused = {sc["target"] for sc in manifest["scenarios"] if not sc["applicable"] and "does not use" in sc["reason"]}
+    assert unused & L1_L2 == {"qk_norm", "gelu_and_mul", "fused_moe"}
 
 
 def test_kv_heads_replicated_in_manifest():
@@ -203,3 +225,30 @@ def test_scenario_json_is_canonical(manifest):
     assert json.loads(text) == s
     assert text == scenario_json(json.loads(text))
     assert " " not in text
+
+
+def test_variant_scenarios_attention_decode():
+    m = generate(["llama31-8b"], [1], [8], "auto", ROOT, context_lens=[1024, 4096])
+    s = by_id(m)
+    assert scenario_id("attention", "llama31-8b", 1, 8, "ctx1024") == "attention__llama31-8b__tp1__n8__ctx1024"
+    prefill, decode = s["attention__llama31-8b__tp1__n8"], s["attention__llama31-8b__tp1__n8__ctx1024"]
+    assert "variant" not in prefill and "context_len" not in prefill
+    assert (decode["variant"], decode["context_len"]) == ("ctx1024", 1024)
+    assert {i["name"]: i["shape"] for i in decode["inputs"]} == {
+        "query": [8, 4096], "key": [8, 1024], "value": [8, 1024],
+        "key_cache": [8, 1024, 8, 128], "value_cache": [8, 1024, 8, 128],
+    }
+    assert s["attention__llama31-8b__tp1__n8__ctx4096"]["bytes_moved"] > decode["bytes_moved"]
+    # variants only where an operator declares them: other ids are unchanged
+    assert [i for i in s if i.startswith("rms_norm")] == ["rms_norm__llama31-8b__tp1__n8"]
+    again = generate(["llama31-8b"], [1], [8], "auto", ROOT, context_lens=[1024, 4096])
+    assert dumps(again) == dumps(m)
+
+
+def test_scenarios_record_operator_tolerance(manifest):
+    s = by_id(manifest)
+    assert (s["rms_norm__llama31-8b__tp1__n1"]["atol"], s["rms_norm__llama31-8b__tp1__n1"]["rtol"]) == (0.01, 0.01)
+    assert (s["attention__llama31-8b__tp1__n1"]["atol"], s["attention__llama31-8b__tp1__n1"]["rtol"]) == (0.02, 0.01)
+    assert (s["sampler__llama31-8b__tp1__n1"]["atol"], s["sampler__llama31-8b__tp1__n1"]["rtol"]) == (0.0, 0.0)
+    m32 = generate(["llama32-1b"], [1], [2], "float32", ROOT)
+    assert by_id(m32)["mlp__llama32-1b__tp1__n2"]["atol"] == 1e-4

@@ -412,7 +412,12 @@ def test_rules_input_specs_are_complete():
     facts = facts_of("llama31-8b")
     for name in operators.names():
         op = operators.get(name)
-        args = op.init_args(facts, 2)
+        if not op.applies_to(facts):  # fused_moe: a dense model has no experts to shape
+            continue
+        try:
+            args = op.init_args(facts, 2)
+        except NotApplicable:  # e.g. `model` is measured at tp=1 only
+            continue
         specs = op.inputs(args, facts, 2, 3, "bfloat16")
         for spec in specs:
             assert set(spec) == {"name", "shape", "dtype", "init"}
@@ -471,7 +476,9 @@ def test_shard():
 
 
 def test_catalog():
-    assert operators.names() == ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "embedding"]
+    level1 = [n for n in operators.names() if operators.CATALOG[n].level == 1]
+    assert level1[:2] == ["rms_norm", "fused_add_rms_norm"]
+    assert {"silu_and_mul", "rotary_embedding", "embedding"} <= set(level1)
     for name in operators.names():
         op = operators.get(name)
         entry = operators.CATALOG[name]
@@ -488,5 +495,5 @@ def test_make_tensor_is_seeded_and_typed():
     ids = make_tensor({"name": "i", "shape": [100], "dtype": "int64", "init": {"dist": "randint", "low": 3, "high": 7}},
                       gen(0), "cpu")
     assert ids.dtype == torch.int64 and int(ids.min()) >= 3 and int(ids.max()) < 7
-    with pytest.raises(ValueError, match="uniform"):
-        make_tensor({"name": "x", "shape": [1], "dtype": "float32", "init": {"dist": "uniform"}}, gen(0), "cpu")
+    with pytest.raises(ValueError, match="laplace"):
+        make_tensor({"name": "x", "shape": [1], "dtype": "float32", "init": {"dist": "laplace"}}, gen(0), "cpu")

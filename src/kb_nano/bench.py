@@ -23,7 +23,7 @@ from kb_nano.candidates import DEFAULT_DEVICES, CandidateError, load_class, one_
 from kb_nano.operators.base import DTYPES, make_tensor
 from kb_nano.provenance import git_sha, package_version
 from kb_nano.schema import make_row, scenario_fields
-from kb_nano.timing import summarize, time_pair
+from kb_nano.timing import exclusive, summarize, time_pair
 
 
 def scenario_seed(scenario_id: str) -> int:
@@ -73,6 +73,8 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
     refs, outs = _flatten(ref), _flatten(out)
     if len(refs) != len(outs):
         return "incorrect_shape", f"returned {len(outs)} output(s), baseline returns {len(refs)}", None, None
+    if isinstance(ref, torch.Tensor) != isinstance(out, torch.Tensor):
+        return "incorrect_shape", f"returned a {type(out).__name__}, baseline returns a {type(ref).__name__}", None, None
     max_abs, max_ref, n_bad, n_all = 0.0, 0.0, 0, 0
     for i, (r, o) in enumerate(zip(refs, outs)):
         if r is None or o is None:
@@ -181,11 +183,17 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         return make_row(**base, status=status, error=error, wall_s=time.perf_counter() - t_start, **fields)
 
     op = operators.get(scenario["target"])
+    baseline_attrs = dict(vars(op.baseline))
     try:
         cls = load_class(candidate_path, scenario["target"])
     except CandidateError as exc:
         return row(exc.status, str(exc))
-    supported = tuple(getattr(cls, "supported_devices", DEFAULT_DEVICES))
+    if dict(vars(op.baseline)) != baseline_attrs:
+        return row("import_error", f"importing the candidate modified the baseline class {op.baseline.__name__}")
+    supported = getattr(cls, "supported_devices", DEFAULT_DEVICES)
+    if not isinstance(supported, (tuple, list)) or not all(isinstance(d, str) for d in supported):
+        return row("import_error", f"{cls.__name__}.supported_devices must be a tuple of device types like ('cuda',), got {supported!r}")
+    supported = tuple(supported)
     if device.type not in supported:
         return row("skipped", f"{cls.__name__} supports {', '.join(supported)}; this run is on {device.type}")
 
@@ -222,15 +230,27 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         base_in = [t.clone() for t in inputs]
         cand_in = [t.clone() for t in inputs]
         try:
-            base_ms, cand_ms = time_pair(
-                lambda: baseline(*base_in),
-                lambda: candidate(*cand_in),
-                device,
-                int(settings["num_warmup"]),
-                int(settings["num_runs"]),
-            )
+            with exclusive(device, Path(root) / "results/.locks"):
+                base_ms, cand_ms = time_pair(
+                    lambda: baseline(*base_in),
+                    lambda: candidate(*cand_in),
+                    device,
+                    int(settings["num_warmup"]),
+                    int(settings["num_runs"]),
+                )
         except Exception as exc:
             return row("runtime_error", f"during timing: {one_line(exc)}", max_abs_err=max_abs, max_rel_err=max_rel)
+        # Check again after timing on a second, different input set: a candidate that is
+        # right on the first call and then caches or shortcuts is caught here.
+        second = [make_tensor(spec, generator, str(device)) for spec in scenario["inputs"]]
+        try:
+            out2 = candidate(*[t.clone() for t in second])
+        except Exception as exc:
+            return row("runtime_error", f"after timing: {one_line(exc)}", max_abs_err=max_abs, max_rel_err=max_rel)
+        status2, error2, max_abs2, max_rel2 = compare(baseline(*[t.clone() for t in second]), out2, atol, rtol)
+        if status2 != "passed":
+            return row(status2, f"after timing, on a second input set: {error2}", max_abs_err=max_abs2, max_rel_err=max_rel2)
+        max_abs, max_rel = max(max_abs, max_abs2), max(max_rel, max_rel2)
     b_med, b_iqr = summarize(base_ms)
     c_med, c_iqr = summarize(cand_ms)
     return row(

@@ -56,13 +56,13 @@ def discover(root: Path, directory: Path = CANDIDATES_DIR) -> list[CandidateRef]
     base = root / directory
     found = []
     for path in sorted(base.glob("*/*.py")):
-        if path.name.startswith("_"):
+        if path.name.startswith(("_", ".")):  # helpers; editor lock/backup files
             continue
         target = path.parent.name
         rel = path.relative_to(root)
         operators.check_target(target, where=str(rel))
         if not _NAME_RE.match(path.stem):
-            raise KbNanoError(f"{rel}: candidate file names must be Python identifiers (letters, digits, _)")
+            raise KbNanoError(f"{rel}: candidate file names must be Python identifiers (start with a letter; letters, digits, _)")
         found.append(CandidateRef(target, path.stem, rel))
     return found
 
@@ -84,6 +84,7 @@ def load_class(path: Path, target: str):
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    sys.path.insert(0, str(Path(path).resolve().parent))  # so `import _helpers` works
     try:
         spec.loader.exec_module(module)
     except Exception as exc:

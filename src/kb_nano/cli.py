@@ -37,6 +37,8 @@ def _read_yaml(path: Path) -> dict:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise KbNanoError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KbNanoError(f"{path}: cannot read the config file ({type(exc).__name__}: {exc.strerror if isinstance(exc, OSError) else 'not UTF-8'})") from None
     except yaml.YAMLError as exc:
         raise KbNanoError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
     if not isinstance(data, dict):
@@ -94,6 +96,14 @@ def _overrides(args, root: Path, base: dict) -> dict:
     return cfg
 
 
+_FLAG_FOR_KEY = {
+    "models": "--model", "tp": "--tp", "num_tokens": "--num-tokens", "targets": "--target",
+    "categories": "--category", "candidates": "--candidate", "num_warmup": "--num-warmup",
+    "num_runs": "--num-runs", "atol": "--atol", "rtol": "--rtol", "device": "--device",
+    "timeout_s": "--timeout-s", "output_json": "--output-json", "dtype": "--dtype",
+}
+
+
 def preflight(root: Path, base: dict, overrides: dict, source: str) -> dict:
     """Check the effective config before Snakemake starts, so bad input gets one line:
     schema (``workflow/schemas/config.schema.yaml``), targets/categories, candidate files,
@@ -107,11 +117,39 @@ def preflight(root: Path, base: dict, overrides: dict, source: str) -> dict:
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise KbNanoError(f"{source}: {where}: {error.message}")
+        key = error.absolute_path[0] if error.absolute_path else None
+        origin = _FLAG_FOR_KEY.get(key, key) if key in overrides else source
+        raise KbNanoError(f"{origin}: {where}: {error.message}")
     kbw.check_config(config)
     kbw.candidates(root, config)
     kbw.model_config_files(root, config)
+    if str(config["device"]).startswith("cuda") and not visible_gpus():
+        raise KbNanoError(f"device {config['device']!r}: no NVIDIA GPU is visible here; use --device auto or cpu")
+    _check_output_json(root, config["output_json"])
+    from kb_nano.tracking import check_reachable, is_server, resolve_tracking_uri
+
+    uri = resolve_tracking_uri(root, config)
+    if is_server(uri):
+        check_reachable(uri)
     return config
+
+
+def _check_output_json(root: Path, output_json: str) -> None:
+    """The merged JSON must land in a writable place that no other output uses."""
+    import os
+
+    path = Path(output_json) if Path(output_json).is_absolute() else root / output_json
+    reserved = {root / "results/kernels.parquet", root / "results/inputs/llm.yaml"}
+    if path.resolve() in {p.resolve() for p in reserved} or (root / "results/mlflow") in path.resolve().parents:
+        raise KbNanoError(f"--output-json {output_json}: that path belongs to another kb-nano output; pick another")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KbNanoError(f"--output-json {output_json}: {path.parent} is not writable ({exc.strerror}); pick another path") from None
+    if not os.access(path.parent, os.W_OK):
+        raise KbNanoError(f"--output-json {output_json}: {path.parent} is not writable; pick another path")
+    if "{" in output_json or "}" in output_json:
+        raise KbNanoError(f"--output-json {output_json}: braces are Snakemake wildcards; use a plain path")
 
 
 def visible_gpus() -> int:
@@ -161,13 +199,25 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         cmd += passthrough
         if args.verbose:
             print("+ " + " ".join(cmd), file=sys.stderr)
-        return subprocess.call(cmd, cwd=root)
+        proc = subprocess.Popen(cmd, cwd=root)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            # The terminal's Ctrl-C reached Snakemake too: give it time to stop its jobs,
+            # keep finished shards and release its lock before we leave.
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait()
+            raise
 
 
 def cmd_list(args) -> int:
     """``kernels --list [--level N]``: the operator registry."""
-    from rich.console import Console
     from rich.table import Table
+
+    from kb_nano.table import make_console
 
     table = Table(title="kb-nano operators" + (f" (level {args.level})" if args.level else ""))
     for col in ("target", "level", "category", "baseline", "used in"):
@@ -179,7 +229,7 @@ def cmd_list(args) -> int:
             continue
         table.add_row(name, f"L{op.level}", op.category, f"{op.baseline.__module__}.{op.baseline.__name__}", op.used_in)
         shown += 1
-    Console().print(table)
+    make_console().print(table)
     if not shown:
         print(f"no operators at level {args.level} yet (levels present: "
               f"{', '.join(sorted({f'L{e.level}' for e in operators.CATALOG.values()}))})")
@@ -188,15 +238,15 @@ def cmd_list(args) -> int:
 
 def cmd_map(args, root: Path, base: dict) -> int:
     """``kernels --map``: each model's operators, derived from its config."""
-    from rich.console import Console
     from rich.table import Table
 
+    from kb_nano.table import make_console
     from kb_nano.models import load_config, model_facts, resolve
     from kb_nano.operators.base import NotApplicable
 
     specs = select_models(args.model, base["models"], root) if args.model else base["models"]
     tps = args.tp or base["tp"]
-    console = Console()
+    console = make_console()
     for spec in specs:
         ref = resolve(spec, root)
         facts = model_facts(load_config(ref, root), ref)
@@ -241,13 +291,15 @@ def _report_manifest_error(root: Path, since: float) -> None:
 def cmd_kernels(args, passthrough: list[str]) -> int:
     """``kb_nano kernels``: run the Tier-1 DAG and print the merged table."""
     root = find_workflow_root()
+    if args.level and not args.list:
+        raise KbNanoError("--level only filters --list; to run one level use --target or --category")
     if args.list:
         return cmd_list(args)
     base = _base_config(root, args.configfile)
-    if args.map:
-        return cmd_map(args, root, base)
     config = _overrides(args, root, base)
     effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    if args.map:
+        return cmd_map(args, root, base)
     output_json = effective["output_json"]
     started = time.time()
     from kb_nano.tracking import marker_path
@@ -259,6 +311,9 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
         _report_manifest_error(root, started)
         print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
               f"{root / 'results/kernels'}; see the messages above", file=sys.stderr)
+        if any((root / ".snakemake/locks").glob("*")):
+            print("hint: the directory is locked; if no other kb_nano/snakemake run is active, "
+                  "run `kb_nano kernels -- --unlock`", file=sys.stderr)
         return code
     if args.dry_run:
         return 0
@@ -267,6 +322,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     doc = json.loads((root / output_json).read_text())
     print_kernels(doc["rows"], doc["summary"])
     print(f"results: {root / 'results/kernels.parquet'}, {root / output_json}")
+    failed = [r for r in doc["rows"] if r["status"] not in ("passed", "skipped")]
     if (root / marker).is_file():
         rec = json.loads((root / marker).read_text())
         if (root / marker).stat().st_mtime_ns == marker_before:
@@ -274,6 +330,9 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
         else:
             how = "new run" if rec["created"] else "inputs unchanged, existing run"
         print(f"MLflow: {how} {rec['run_id']} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
+    if args.fail_on_error and failed:
+        print(f"error: {len(failed)} row(s) neither passed nor skipped (--fail-on-error)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -313,16 +372,15 @@ def _tracking_uri(args) -> tuple[Path, str]:
 def cmd_history(args, passthrough: list[str]) -> int:
     """``kb_nano history``: recorded runs as a table, or ``--compare RUN_A RUN_B``
     per-scenario speedup changes; read through the MLflow client."""
-    from rich.console import Console
-
     from kb_nano import history
+    from kb_nano.table import make_console
 
     if passthrough:
         raise KbNanoError(f"history takes no arguments after -- (got {' '.join(passthrough)})")
     if args.target:
         operators.check_target(args.target, where="--target")
     _, uri = _tracking_uri(args)
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = make_console()
     if args.compare:
         result = history.compare_runs(uri, *args.compare)
         console.print(history.compare_table(result))
@@ -436,13 +494,19 @@ def _tracking_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configfile", help="config file layered over config/config.yaml (for mlflow_tracking_uri)")
 
 
+def _cores(value: str) -> str:
+    if value == "all" or (value.isdigit() and int(value) > 0):
+        return value
+    raise argparse.ArgumentTypeError("must be a positive number or 'all'")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", nargs="+", action="extend", help="model key prefix (llama31), vendored Hub id, or config.json path")
     p.add_argument("--tp", nargs="+", action="extend", type=int, help="tensor-parallel degree(s)")
     p.add_argument("--num-tokens", nargs="+", action="extend", type=int, help="token count(s) per scenario")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
-    p.add_argument("--configfile", help="config file replacing config/config.yaml")
-    p.add_argument("--cores", default="all", help="Snakemake --cores (default: all)")
+    p.add_argument("--configfile", help="config file whose keys override config/config.yaml")
+    p.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores: a positive number or 'all' (default)")
     p.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
     p.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command and rule details")
 
@@ -467,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--list", action="store_true", help="list the operators (targets) and exit")
     k.add_argument("--level", type=int, choices=[1, 2, 3, 4], help="with --list: only this level")
     k.add_argument("--map", action="store_true", help="show each model's operators and per-rank shapes and exit")
+    k.add_argument("--fail-on-error", action="store_true",
+                   help="exit 1 when any row is neither passed nor skipped (for CI gates)")
     k.set_defaults(func=cmd_kernels)
 
     g = sub.add_parser("generate-inputs", help="write the scenario manifest results/inputs/llm.yaml")

@@ -8,6 +8,7 @@ Torch-free: the parent stays light.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -53,6 +54,13 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+            def _stop(signum, frame):  # Snakemake or the user interrupts the job
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                raise SystemExit(128 + signum)
+
+            previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
             try:
                 code = proc.wait(timeout=float(settings["timeout_s"]))
             except subprocess.TimeoutExpired:
@@ -62,6 +70,9 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
             else:
                 if not out.exists():
                     status, error = "crashed", _crash_reason(code, log)
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
     finally:
         os.unlink(spec_path)
     if status is not None:
@@ -73,8 +84,8 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
                     candidate_sha256=file_sha256(candidate_path),
                     status=status,
                     error=error,
-                    atol=float(settings["atol"]),
-                    rtol=float(settings["rtol"]),
+                    atol=_tolerance(settings, scenario, "atol"),
+                    rtol=_tolerance(settings, scenario, "rtol"),
                     num_warmup=int(settings["num_warmup"]),
                     num_runs=int(settings["num_runs"]),
                     created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -87,6 +98,12 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
     import pyarrow.parquet as pq
 
     return pq.read_table(out, columns=["status"]).column(0)[0].as_py()
+
+
+def _tolerance(settings: dict, scenario: dict, key: str) -> float | None:
+    """The config's global atol/rtol, else the operator's from the manifest (as bench does)."""
+    value = settings.get(key) if settings.get(key) is not None else scenario.get(key)
+    return None if value is None else float(value)
 
 
 def _crash_reason(code: int, log: str) -> str:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from kb_nano import operators
 from kb_nano.errors import KbNanoError
+from kb_nano.files import atomic_write_text
 from kb_nano.models import config_sha256, load_config, model_facts, resolve
 
 SCHEMA_VERSION = 1
@@ -24,14 +23,29 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def scenario_id(target: str, model: str, tp: int, num_tokens: int) -> str:
-    """Stable scenario id, e.g. ``rms_norm__llama31-8b__tp1__n64``."""
-    return f"{target}__{model}__tp{tp}__n{num_tokens}"
+def scenario_id(target: str, model: str, tp: int, num_tokens: int, variant: str = "") -> str:
+    """Stable scenario id, e.g. ``rms_norm__llama31-8b__tp1__n64``; an operator variant
+    (see ``Operator.variants``) adds a suffix: ``attention__llama31-8b__tp1__n8__ctx1024``."""
+    return f"{target}__{model}__tp{tp}__n{num_tokens}" + (f"__{variant}" if variant else "")
 
 
-def generate(models: list[str], tps: list[int], num_tokens: list[int], dtype: str, root: Path) -> dict:
+def generate(
+    models: list[str],
+    tps: list[int],
+    num_tokens: list[int],
+    dtype: str,
+    root: Path,
+    context_lens: list[int] | None = None,
+) -> dict:
     """Build the manifest for ``models`` (specs, see :func:`kb_nano.models.resolve`) ×
-    ``tps`` × ``num_tokens`` × every registered operator.
+    ``tps`` × ``num_tokens`` × every registered operator × its variants.
+
+    Variants are the extra axes an operator declares (``Operator.variants``): ``attention``
+    has a prefill scenario and one decode scenario per ``context_lens`` entry (default
+    :data:`kb_nano.operators.attention.DEFAULT_CONTEXT_LENS`); a variant scenario records
+    ``variant`` (its id suffix) and its extra fields (``context_len``). Every scenario
+    records the operator's default tolerance for its dtype (``atol``, ``rtol``), which the
+    measurement uses unless the config sets a global one.
 
     ``dtype`` ``auto`` uses each model's ``torch_dtype``. A scenario whose TP does not
     divide the sharded dimension (or whose operator the architecture does not use) is
@@ -39,14 +53,15 @@ def generate(models: list[str], tps: list[int], num_tokens: list[int], dtype: st
     Raises ``KbNanoError`` for unknown models, unloadable configs, duplicate keys or a
     TP / token count listed twice (which would give duplicate scenario ids).
     """
-    from kb_nano.operators.base import NotApplicable
+    from kb_nano.operators.base import NotApplicable, tolerance_for
 
     refs = [resolve(spec, root) for spec in models]
     keys = [r.key for r in refs]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
         raise KbNanoError(f"config models: {', '.join(dupes)} listed more than once (after resolving)")
-    for what, values in (("tp", tps), ("num_tokens", num_tokens)):
+    options = {"context_lens": None if context_lens is None else [int(c) for c in context_lens]}
+    for what, values in (("tp", tps), ("num_tokens", num_tokens), ("context_lens", context_lens or [])):
         repeated = sorted({v for v in values if list(values).count(v) > 1})
         if repeated:
             raise KbNanoError(f"config {what}: {', '.join(map(str, repeated))} listed more than once")
@@ -56,7 +71,8 @@ def generate(models: list[str], tps: list[int], num_tokens: list[int], dtype: st
         model_dtype = facts["dtype"] if dtype == "auto" else dtype
         # Operators derive dtype-dependent constructor args (the rotary cos/sin cache) from
         # facts: give them the scenario dtype, not the checkpoint's, when it is overridden.
-        op_facts = {**facts, "dtype": model_dtype}
+        # L3/L4 baselines build the transformers classes from the config.json fields themselves.
+        op_facts = {**facts, "dtype": model_dtype, "hf_config": config_fields(ref, root)}
         manifest["models"][ref.key] = {
             "hub_id": ref.hub_id,
             "config_path": str(ref.config_path),
@@ -65,10 +81,12 @@ def generate(models: list[str], tps: list[int], num_tokens: list[int], dtype: st
         }
         for name in operators.names():
             op = operators.get(name)
+            atol, rtol = tolerance_for(op, model_dtype)
+            variants = op.variants(op_facts, options)
             for tp in tps:
-                for n in num_tokens:
+                for n, (variant, extra) in ((n, v) for n in num_tokens for v in variants):
                     entry = {
-                        "scenario_id": scenario_id(name, ref.key, tp, n),
+                        "scenario_id": scenario_id(name, ref.key, tp, n, variant),
                         "target": name,
                         "level": op.level,
                         "category": op.category,
@@ -76,13 +94,16 @@ def generate(models: list[str], tps: list[int], num_tokens: list[int], dtype: st
                         "hub_id": ref.hub_id,
                         "tp": tp,
                         "num_tokens": n,
+                        **({"variant": variant, **extra} if variant else {}),
                         "dtype": model_dtype,
+                        "atol": atol,
+                        "rtol": rtol,
                     }
                     try:
                         if not op.applies_to(op_facts):
                             raise NotApplicable(f"{facts['architecture']} does not use {name}")
                         args = op.init_args(op_facts, tp)
-                        inputs = op.inputs(args, op_facts, tp, n, model_dtype)
+                        inputs = op.inputs(args, op_facts, tp, n, model_dtype, **extra)
                     except NotApplicable as exc:
                         entry.update(applicable=False, reason=str(exc))
                     else:
@@ -97,6 +118,12 @@ def generate(models: list[str], tps: list[int], num_tokens: list[int], dtype: st
                         )
                     manifest["scenarios"].append(entry)
     return manifest
+
+
+def config_fields(ref, root: Path) -> dict:
+    """The fields of a model's config.json as a plain dict (what ``AutoConfig`` reads)."""
+    path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
+    return json.loads(path.read_text())
 
 
 def dumps(manifest: dict) -> str:
@@ -128,17 +155,3 @@ def scenario_json(scenario: dict) -> str:
 def digest(text: str) -> str:
     """SHA-256 hex digest of a string."""
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory + rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

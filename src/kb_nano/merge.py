@@ -11,7 +11,7 @@ import json
 import math
 from pathlib import Path
 
-from kb_nano.manifest import atomic_write_text
+from kb_nano.files import atomic_write_text
 from kb_nano.schema import SCHEMA_VERSION, make_row, read_rows, scenario_fields, to_table, write_table
 
 
@@ -43,14 +43,43 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
-def merge(shards: list[Path], not_applicable: list[tuple[dict, str]], parquet_out: Path, json_out: Path) -> list[dict]:
+def merge(
+    shards: list[Path],
+    not_applicable: list[tuple[dict, str]],
+    parquet_out: Path,
+    json_out: Path,
+    scenarios: dict[str, dict] | None = None,
+) -> list[dict]:
     """Merge ``shards`` plus ``not_applicable`` ``(scenario, candidate_id)`` pairs.
 
-    Writes the Parquet table (sorted by target, model, tp, num_tokens, candidate) and a
-    JSON document ``{schema_version, tier, summary, rows}``, both atomically.
-    Returns the rows.
+    A shard that cannot be read (truncated, not Parquet) becomes a ``crashed`` row naming
+    the file and the fix, found through ``scenarios`` (scenario id -> manifest entry) and
+    the shard path ``results/kernels/{target}/{name}/{scenario}.parquet``; the other rows
+    are merged as usual. Writes the Parquet table (sorted by level, target, model, tp,
+    num_tokens, candidate) and a JSON document ``{schema_version, tier, summary, rows}``,
+    both atomically. Returns the rows.
     """
-    table = read_rows(shards)
+    import pyarrow as pa
+
+    readable, broken = [], []
+    for path in shards:
+        try:
+            readable.append(read_rows([path]))
+        except (OSError, pa.ArrowException) as exc:
+            broken.append((Path(path), exc))
+    table = pa.concat_tables(readable) if readable else read_rows([])
+    for path, exc in broken:
+        reason = f"shard {path} is unreadable ({' '.join(str(exc).split())[:200]}); delete it and rerun"
+        scenario = (scenarios or {}).get(path.stem)
+        if scenario is None:
+            raise ValueError(reason)
+        row = make_row(
+            **scenario_fields(scenario),
+            candidate=f"{path.parent.parent.name}/{path.parent.name}",
+            status="crashed",
+            error=reason,
+        )
+        table = pa.concat_tables([table, to_table([row])])
     extra = [
         make_row(**scenario_fields(s), candidate=cid, status="skipped", error=f"not applicable: {s['reason']}")
         for s, cid in not_applicable

@@ -104,6 +104,9 @@ def _vendored(key: str, hub_id: str, root: Path) -> ModelRef:
     return ModelRef(key, hub_id, path)
 
 
+REQUIRED_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+
+
 def check_config_file(ref: ModelRef, root: Path) -> None:
     """Cheap check (no transformers import) that the model's config.json parses as a JSON
     object with ``model_type``. Raises ``KbNanoError`` naming the file otherwise."""
@@ -116,6 +119,12 @@ def check_config_file(ref: ModelRef, root: Path) -> None:
         raise KbNanoError(f"{path}: not a readable JSON config ({_one_line(exc)})") from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise KbNanoError(f"{path}: not a Hugging Face config.json (no 'model_type' field)")
+    # transformers fills absent fields with its defaults (hidden_size 4096 for Llama):
+    # shapes must come from the file itself.
+    nested = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    missing = [k for k in REQUIRED_FIELDS if k not in data and k not in nested]
+    if missing:
+        raise KbNanoError(f"{path}: field(s) {', '.join(missing)} missing; kb-nano derives shapes from them")
 
 
 def load_config(ref: ModelRef, root: Path):

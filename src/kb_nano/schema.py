@@ -8,12 +8,12 @@ Torch-free.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from kb_nano.files import atomic_path
 
 SCHEMA_VERSION = 1
 
@@ -126,16 +126,8 @@ def write_rows(rows: list[dict], path: Path) -> None:
 
 def write_table(table: pa.Table, path: Path) -> None:
     """Write an Arrow table to Parquet atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_rows(paths: list[Path]) -> pa.Table:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 STATUS_STYLE = {"passed": "green", "skipped": "yellow"}
@@ -16,17 +17,39 @@ def _num(value, fmt: str) -> str:
     return format(value, fmt)
 
 
+NOISY_IQR_FRACTION = 0.25  # IQR above this share of the median: the row is flagged noisy
+
+
+def _ms(median, iqr) -> str:
+    if median is None or (isinstance(median, float) and math.isnan(median)):
+        return "-"
+    return f"{median:.4f} ±{iqr:.4f}" if iqr is not None and not math.isnan(iqr) else f"{median:.4f}"
+
+
+def _note(r: dict) -> str:
+    if r.get("error"):
+        return r["error"]
+    noisy = [
+        side
+        for side in ("baseline", "candidate")
+        if r.get(f"{side}_ms") and r.get(f"{side}_ms_iqr") is not None
+        and r[f"{side}_ms_iqr"] > NOISY_IQR_FRACTION * r[f"{side}_ms"]
+    ]
+    return f"noisy: {' and '.join(noisy)} IQR > {NOISY_IQR_FRACTION:.0%} of median" if noisy else ""
+
+
 def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
-    """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline ms,
-    candidate ms, speedup (baseline median / candidate median), and the error if any."""
+    """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline and
+    candidate median ms ± IQR (ms), speedup (baseline median / candidate median), and the
+    error, or a "noisy" flag when an IQR exceeds 25% of its median."""
     table = Table(title=title, show_lines=False)
     for col, justify in (
         ("scenario", "left"),
         ("candidate", "left"),
         ("status", "left"),
         ("max_abs_err", "right"),
-        ("baseline ms", "right"),
-        ("candidate ms", "right"),
+        ("baseline ms ±IQR", "right"),
+        ("candidate ms ±IQR", "right"),
         ("speedup", "right"),
         ("note", "left"),
     ):
@@ -35,23 +58,28 @@ def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
         style = STATUS_STYLE.get(r["status"], "red")
         speed = r.get("speedup")
         table.add_row(
-            r["scenario_id"],
-            r["candidate"],
+            escape(r["scenario_id"]),
+            escape(r["candidate"]),
             f"[{style}]{r['status']}[/{style}]",
             _num(r.get("max_abs_err"), ".3g"),
-            _num(r.get("baseline_ms"), ".4f"),
-            _num(r.get("candidate_ms"), ".4f"),
+            _ms(r.get("baseline_ms"), r.get("baseline_ms_iqr")),
+            _ms(r.get("candidate_ms"), r.get("candidate_ms_iqr")),
             _num(speed, ".2f") + ("x" if speed is not None and not (isinstance(speed, float) and math.isnan(speed)) else ""),
-            r.get("error") or "",
+            escape(_note(r)),
         )
     return table
 
 
-def print_kernels(rows: list[dict], summary: dict, console: Console | None = None) -> None:
-    """Print the kernel table and a one-line summary (pass rate, geomean speedup)."""
+def make_console() -> Console:
+    """A rich console; 200 columns wide when stdout is not a terminal (logs, pipes)."""
     import sys
 
-    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def print_kernels(rows: list[dict], summary: dict, console: Console | None = None) -> None:
+    """Print the kernel table and a one-line summary (pass rate, geomean speedup)."""
+    console = console or make_console()
     console.print(kernel_table(rows))
     by_status = ", ".join(f"{n} {s}" for s, n in summary["by_status"].items())
     rate = summary["pass_rate"]

@@ -8,13 +8,34 @@ larger than L2 (as Triton's ``do_bench`` does), one device synchronisation at th
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # > L2 of every current NVIDIA GPU (H100/H200: 50 MB)
+
+
+@contextlib.contextmanager
+def exclusive(device: torch.device, lock_dir: Path):
+    """Hold a host-wide lock for ``device`` while timing, so that concurrent Snakemake jobs
+    (``--cores all``) build modules and check correctness in parallel but never time at
+    the same moment on the same CPU or GPU. One lock file per device under ``lock_dir``;
+    the OS releases it when the process dies (``filelock``, ``fcntl`` based)."""
+    from filelock import FileLock
+
+    if device.type == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_")
+        name = f"cuda-{visible}-{device.index or 0}"
+    else:
+        name = device.type
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock_dir / f"{name}.lock")):
+        yield
 
 
 def time_pair(

@@ -97,6 +97,11 @@ def _normalize(uri: str, root: Path) -> str:
         return "sqlite:///" + str(path)
     if "://" not in uri and uri.endswith(".db"):
         return "sqlite:///" + str((root / uri).resolve())
+    scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else ""
+    if scheme not in ("http", "https", "file", "postgresql", "mysql", "mssql") and uri != "databricks":
+        raise KbNanoError(
+            f"tracking URI {uri!r}: not an MLflow store; use sqlite:////abs/path.db, http(s)://host:port, or a *.db path"
+        )
     return uri
 
 
@@ -478,7 +483,7 @@ def log_kernels(
     the manifest and the candidate hashes. Artifacts: ``results/`` (Parquet, JSON),
     ``plots/``, ``inputs/`` (manifest). Writes the record as JSON to ``marker`` (atomic)
     when given and returns it."""
-    from kb_nano.manifest import atomic_write_text
+    from kb_nano.files import atomic_write_text
 
     tier = "kernels"
     rows = read_parquet_rows(parquet)

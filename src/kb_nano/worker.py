@@ -12,8 +12,26 @@ import sys
 from pathlib import Path
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the job process that started it dies
+    (``prctl(PR_SET_PDEATHSIG)``), so an interrupted sweep leaves no orphan that could
+    later write a stale shard. No-op elsewhere."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     """Entry point; ``argv[0]`` is the path of the JSON job spec."""
+    _die_with_parent()
     spec = json.loads(Path(argv[0]).read_text())
     from kb_nano.bench import measure
     from kb_nano.schema import write_rows

@@ -21,6 +21,12 @@ def check_config(config: dict) -> None:
     """Check the filter fields against the registry; raises ``KbNanoError`` (one line)."""
     for name in config.get("targets") or []:
         operators.check_target(name, where="config targets")
+    import math
+
+    for key in ("atol", "rtol", "timeout_s"):
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not math.isfinite(value):
+            raise KbNanoError(f"config {key}: {value} is not a finite number")
     categories = {e.category for e in operators.CATALOG.values()}
     for cat in config.get("categories") or []:
         if cat not in categories:
@@ -105,8 +111,9 @@ def settings(config: dict) -> dict:
     change reruns the jobs)."""
     return {
         "device": config["device"],
-        "atol": float(config["atol"]),
-        "rtol": float(config["rtol"]),
+        # None (null in the config) = each operator's own tolerance (kb_nano.bench.tolerance).
+        "atol": None if config.get("atol") is None else float(config["atol"]),
+        "rtol": None if config.get("rtol") is None else float(config["rtol"]),
         "num_warmup": int(config["num_warmup"]),
         "num_runs": int(config["num_runs"]),
         "timeout_s": float(config["timeout_s"]),

@@ -12,6 +12,7 @@ rows = merge(
     not_applicable,
     Path(snakemake.output.parquet),
     Path(snakemake.output.json),
+    scenarios,
 )
 with open(snakemake.log[0], "w") as log:
     print(f"merged {len(snakemake.input.shards)} shards + {len(not_applicable)} not-applicable rows = {len(rows)} rows", file=log)

@@ -26,9 +26,18 @@ class CatalogEntry:
 CATALOG: dict[str, CatalogEntry] = {
     "rms_norm": CatalogEntry(1, "norm", "kb_nano.operators.norms"),
     "fused_add_rms_norm": CatalogEntry(1, "norm", "kb_nano.operators.norms"),
+    "qk_norm": CatalogEntry(1, "norm", "kb_nano.operators.norms"),
     "silu_and_mul": CatalogEntry(1, "activation", "kb_nano.operators.activations"),
+    "gelu_and_mul": CatalogEntry(1, "activation", "kb_nano.operators.activations"),
     "rotary_embedding": CatalogEntry(1, "positional", "kb_nano.operators.rotary"),
     "embedding": CatalogEntry(1, "embedding", "kb_nano.operators.embedding"),
+    "lm_head": CatalogEntry(1, "embedding", "kb_nano.operators.lm_head"),
+    "sampler": CatalogEntry(1, "sampler", "kb_nano.operators.sampler"),
+    "attention": CatalogEntry(2, "attention", "kb_nano.operators.attention"),
+    "mlp": CatalogEntry(2, "mlp", "kb_nano.operators.mlp"),
+    "fused_moe": CatalogEntry(2, "moe", "kb_nano.operators.moe"),
+    "decoder_layer": CatalogEntry(3, "layer", "kb_nano.operators.layers"),
+    "model": CatalogEntry(4, "model", "kb_nano.operators.layers"),
 }
 
 

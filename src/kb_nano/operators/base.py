@@ -30,6 +30,14 @@ class Operator:
             and floating-point operations of one call, for bandwidth/FLOP-rate plots.
         used_in: where the op sits in a decoder model (shown by ``kb_nano kernels --map``).
         applies_to: ``facts -> bool``; False when the architecture does not use the op.
+        variants: ``(facts, options) -> [(suffix, extra), ...]``: extra scenario axes beyond
+            model × TP × num_tokens (``options`` are the manifest options, e.g.
+            ``context_lens``). Each variant becomes one scenario whose id ends in
+            ``__{suffix}`` (no suffix for ``""``); ``extra`` is recorded in the scenario and
+            passed to ``inputs`` as keyword arguments. Default: one plain variant.
+        tolerance: ``dtype name -> (atol, rtol)`` of the correctness check for this
+            operator class (see :data:`TOLERANCES`); used unless the config sets a global
+            ``atol``/``rtol``. Integer outputs are always compared exactly.
     """
 
     name: str
@@ -41,6 +49,39 @@ class Operator:
     traffic: Callable[[dict, list[dict], str], tuple[int, int]]
     used_in: str
     applies_to: Callable[[dict], bool] = field(default=lambda facts: True)
+    variants: Callable[[dict, dict], list[tuple[str, dict]]] = field(default=lambda facts, options: [("", {})])
+    tolerance: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(TOLERANCES["pointwise"]))
+
+
+# Correctness tolerances (atol, rtol) per operator numerics class and dtype; a candidate
+# passes when every element has |cand - ref| <= atol + rtol * |ref| (torch.allclose).
+# - pointwise: elementwise ops and one-row reductions (norms, activations, rotary,
+#   embedding): at most a few roundings of the output. bf16 1e-2 (vLLM's kernel tests for
+#   bf16; one bf16 ulp is <= 2^-7 = 0.0078 relative), fp16 1e-3 (3 more mantissa bits),
+#   fp32 1e-5.
+# - gemm: one long fp32-accumulated dot product rounded once (lm_head): the same bf16/fp16
+#   bounds (one output ulp), fp32 1e-4 because the reduction order over K = hidden_size
+#   terms is free.
+# - fused: blocks that round intermediates to the model dtype and then reduce over them
+#   again (attention: probabilities rounded before P @ V and summed over the context;
+#   mlp / fused_moe: activation rounded before the down projection over intermediate_size
+#   terms, expert outputs summed): bf16 atol 2e-2 / rtol 1e-2, as vLLM's flash-attention
+#   and fused-MoE tests use (atol 2e-2), fp16 4e-3 / 2e-3, fp32 1e-4 / 1e-4.
+# - exact: integer outputs (sampled token ids) must be equal.
+TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
+    "pointwise": {"bfloat16": (1e-2, 1e-2), "float16": (1e-3, 1e-3), "float32": (1e-5, 1e-5)},
+    "gemm": {"bfloat16": (1e-2, 1e-2), "float16": (1e-3, 1e-3), "float32": (1e-4, 1e-4)},
+    "fused": {"bfloat16": (2e-2, 1e-2), "float16": (4e-3, 2e-3), "float32": (1e-4, 1e-4)},
+    "exact": {"bfloat16": (0.0, 0.0), "float16": (0.0, 0.0), "float32": (0.0, 0.0)},
+}
+
+
+def tolerance_for(op: "Operator", dtype: str) -> tuple[float, float]:
+    """``(atol, rtol)`` of ``op`` for scenario dtype ``dtype`` (the bf16 entry when the
+    table has no row for it)."""
+    table = op.tolerance
+    atol, rtol = table.get(dtype, table.get("bfloat16", (1e-2, 1e-2)))
+    return float(atol), float(rtol)
 
 
 DTYPES = {
@@ -85,6 +126,21 @@ def randint(name: str, shape: list[int], low: int, high: int, dtype: str = "int6
     }
 
 
+def uniform(name: str, shape: list[int], low: float, high: float, dtype: str = "float32") -> dict:
+    """Spec of a tensor drawn uniformly from [low, high)."""
+    return {
+        "name": name,
+        "shape": [int(s) for s in shape],
+        "dtype": dtype,
+        "init": {"dist": "uniform", "low": float(low), "high": float(high)},
+    }
+
+
+def exponential(name: str, shape: list[int], dtype: str = "float32") -> dict:
+    """Spec of a tensor drawn from Exp(1) (the noise of exponential-race sampling)."""
+    return {"name": name, "shape": [int(s) for s in shape], "dtype": dtype, "init": {"dist": "exponential"}}
+
+
 def make_tensor(spec: dict, generator: torch.Generator, device: str) -> torch.Tensor:
     """Materialise an input spec on ``device`` using ``generator`` (CPU, seeded).
 
@@ -97,6 +153,12 @@ def make_tensor(spec: dict, generator: torch.Generator, device: str) -> torch.Te
         t = torch.randn(shape, generator=generator, dtype=torch.float32) * init["std"]
     elif init["dist"] == "randint":
         t = torch.randint(init["low"], init["high"], shape, generator=generator)
+    elif init["dist"] == "uniform":
+        t = torch.rand(shape, generator=generator, dtype=torch.float32) * (init["high"] - init["low"]) + init["low"]
+    elif init["dist"] == "exponential":
+        # Exp(1) by inversion, so it comes from the same seeded generator on every device.
+        u = torch.rand(shape, generator=generator, dtype=torch.float64)
+        t = (-torch.log1p(-u)).clamp_(min=torch.finfo(torch.float32).tiny)
     else:
         raise ValueError(f"unknown input distribution {init['dist']!r} for {spec['name']}")
     return t.to(device=device, dtype=DTYPES[spec["dtype"]])
@@ -118,3 +180,16 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     if tp % num_kv_heads:
         raise NotApplicable(f"tp={tp} is not a multiple of num_key_value_heads={num_kv_heads}")
     return 1
+
+
+def config_field(facts: dict, *names: str, default=None):
+    """The first of ``names`` present (and not null) in ``facts`` or in the model's raw
+    config.json fields ``facts['hf_config']`` (which the manifest passes; ``kernels --map``
+    may not); ``default`` otherwise. Fields kb-nano facts do not track (expert counts,
+    attention soft-capping) are read this way."""
+    raw = facts.get("hf_config") or {}
+    for name in names:
+        for source in (facts, raw):
+            if source.get(name) is not None:
+                return source[name]
+    return default

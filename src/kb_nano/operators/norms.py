@@ -1,4 +1,5 @@
-"""RMSNorm baselines: ``rms_norm`` and ``fused_add_rms_norm`` (vLLM ``RMSNorm``).
+"""RMSNorm baselines: ``rms_norm``, ``fused_add_rms_norm`` (vLLM ``RMSNorm``) and ``qk_norm``
+(the per-head RMSNorm of q and k in Qwen3 / Qwen3-MoE attention).
 
 Semantics follow vLLM ``RMSNorm.forward_native`` and the transformers ``LlamaRMSNorm``:
 compute in float32, ``x * rsqrt(mean(x^2) + eps)``, cast back to the input dtype, then
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kb_nano.operators.base import Operator, element_size, normal
+from kb_nano.operators.base import Operator, element_size, kv_heads_per_rank, normal, shard
 
 
 class RMSNorm(nn.Module):
@@ -73,7 +74,82 @@ def _fused_traffic(args, inputs, dtype):
     return 4 * n * h * es + h * es, 5 * n * h
 
 
+# Architectures whose attention normalises q and k per head before RoPE (transformers
+# ``Qwen3Attention`` / ``Qwen3MoeAttention``: ``q_norm``/``k_norm`` = RMSNorm(head_dim); vLLM
+# ``Qwen3Attention`` / ``Qwen3MoeAttention``). Llama, Mistral, Mixtral, Qwen2 have none.
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
+
+
+class QKNorm(nn.Module):
+    """RMSNorm over ``head_dim`` applied to every head of q and of k (Qwen3 QK-norm).
+
+    vLLM ``Qwen3Attention.forward`` views q ``[N, heads * head_dim]`` as
+    ``[N, heads, head_dim]``, applies ``self.q_norm`` (``RMSNorm(head_dim, eps)``) and views
+    it back; the same for k with ``self.k_norm``. Here both norms are one module (a fusion
+    target: vLLM's ``fused_qk_norm_rope`` does this together with RoPE).
+
+    Args:
+        num_heads: query heads on this rank (``num_attention_heads / tp``).
+        num_kv_heads: key heads on this rank (divided, or replicated when tp > kv heads).
+        head_dim: normalised size.
+        eps: ``rms_norm_eps``.
+    Forward: q ``[num_tokens, num_heads * head_dim]``, k ``[num_tokens, num_kv_heads * head_dim]``.
+    Returns ``(q, k)`` normalised, same shapes and dtype.
+    State dict: ``q_norm.weight``, ``k_norm.weight`` ``[head_dim]`` (vLLM's parameter names).
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor):
+        q_by_head = self.q_norm(q.view(*q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim))
+        k_by_head = self.k_norm(k.view(*k.shape[:-1], k.shape[-1] // self.head_dim, self.head_dim))
+        return q_by_head.view(q.shape), k_by_head.view(k.shape)
+
+
+def _qk_init_args(facts: dict, tp: int) -> dict:
+    return {
+        "num_heads": shard(facts["num_attention_heads"], tp, "num_attention_heads"),
+        "num_kv_heads": kv_heads_per_rank(facts["num_key_value_heads"], tp),
+        "head_dim": facts["head_dim"],
+        "eps": facts["rms_norm_eps"],
+    }
+
+
+def _qk_inputs(args, facts, tp, num_tokens, dtype):
+    d = args["head_dim"]
+    return [
+        normal("q", [num_tokens, args["num_heads"] * d], dtype),
+        normal("k", [num_tokens, args["num_kv_heads"] * d], dtype),
+    ]
+
+
+def _qk_traffic(args, inputs, dtype):
+    q, k = inputs
+    n = q["shape"][0]
+    es = element_size(q["dtype"])
+    width = q["shape"][1] + k["shape"][1]
+    # As rms_norm per head: read + write q and k, two weights; 4 flops per element.
+    return 2 * n * width * es + 2 * args["head_dim"] * es, 4 * n * width
+
+
 OPERATORS = {
+    "qk_norm": Operator(
+        name="qk_norm",
+        level=1,
+        category="norm",
+        baseline=QKNorm,
+        init_args=_qk_init_args,
+        inputs=_qk_inputs,
+        traffic=_qk_traffic,
+        used_in="layers.*.self_attn.q_norm / k_norm (per head, after qkv_proj, before rotary_emb)",
+        applies_to=lambda facts: facts["model_type"] in QK_NORM_MODEL_TYPES,
+    ),
     "rms_norm": Operator(
         name="rms_norm",
         level=1,

@@ -1,0 +1,57 @@
+"""Attention that never materialises repeated KV heads or a concatenated cache: queries of
+one KV group are stacked as the rows of one GEMM against that group's keys (GQA
+grouping, as FlashAttention / vLLM's decode kernels do), and in decode the cached and the
+new key are scored separately and joined only in the (small) score tensor.
+
+Same math as the eager baseline (bf16 scores, fp32 softmax, probabilities rounded to the
+input dtype); the output of decode is the sum of two GEMM results, so it may differ from
+the baseline by an output ulp.
+"""
+
+import torch
+from torch import nn
+
+
+class GroupedQueryAttention(nn.Module):
+    """Same constructor and forward as kb_nano's Attention baseline.
+
+    Forward: query ``[N, H*D]``, key/value ``[N, KV*D]``, optional key_cache/value_cache
+    ``[N, C, KV, D]`` -> ``[N, H*D]``.
+    """
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads=None, logits_soft_cap=None, prefix=""):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.group = self.num_heads // self.num_kv_heads
+        self.logits_soft_cap = logits_soft_cap
+
+    def _probs(self, scores, mask=None):
+        scores = scores * self.scale
+        if self.logits_soft_cap:
+            scores = torch.tanh(scores / self.logits_soft_cap) * self.logits_soft_cap
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        return torch.softmax(scores, dim=-1, dtype=torch.float32)
+
+    def forward(self, query, key, value, key_cache=None, value_cache=None):
+        n, kv, g, d = query.shape[0], self.num_kv_heads, self.group, self.head_size
+        if key_cache is None:
+            # prefill: [kv, g * n, d] rows against [kv, d, n] keys of the same group
+            q = query.view(n, kv, g, d).permute(1, 2, 0, 3).reshape(kv, g * n, d)
+            k = key.view(n, kv, d).permute(1, 2, 0)
+            v = value.view(n, kv, d).transpose(0, 1)
+            mask = torch.ones(n, n, dtype=torch.bool, device=query.device).triu(1).repeat(g, 1)
+            p = self._probs(torch.bmm(q, k), mask).to(query.dtype)
+            out = torch.bmm(p, v)  # [kv, g * n, d]
+            return out.view(kv, g, n, d).permute(2, 0, 1, 3).reshape(n, self.num_heads * d)
+        # decode: [n, kv, g, d] against the cache [n, kv, d, C] and the new key [n, kv, d, 1]
+        c = key_cache.shape[1]
+        q = query.view(n, kv, g, d)
+        s_cache = torch.matmul(q, key_cache.permute(0, 2, 3, 1))
+        s_new = torch.matmul(q, key.view(n, kv, d, 1))
+        p = self._probs(torch.cat((s_cache, s_new), dim=-1)).to(query.dtype)
+        out = torch.matmul(p[..., :c], value_cache.transpose(1, 2)) + p[..., c:] * value.view(n, kv, 1, d)
+        return out.reshape(n, self.num_heads * d)

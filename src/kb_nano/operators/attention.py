@@ -1,0 +1,218 @@
+"""L2 ``attention`` baseline (vLLM ``Attention``), per TP rank: causal prefill and decode.
+
+Semantics are transformers' ``eager_attention_forward`` (the reference of every vendored
+architecture): ``softmax(q @ k^T * scale [+ soft-cap] [+ causal mask], fp32) -> model dtype
+@ v`` with the KV heads repeated for GQA (``repeat_kv``). As in vLLM, RoPE (and Qwen3's
+QK-norm) is applied *outside*: ``LlamaAttention.forward`` calls ``self.rotary_emb`` and then
+``self.attn(q, k, v)``, so the inputs here are q/k after rotary.
+
+Two scenario kinds (the ``variants`` of the operator):
+
+- prefill (``attention__{model}__tp{k}__n{N}``): one sequence of ``N = num_tokens``
+  tokens, no KV cache; token i attends to tokens 0..i.
+- decode (``...__n{N}__ctx{C}``): ``N`` sequences decoding one token each against a
+  KV cache of ``C = context_len`` earlier tokens per sequence; the new token attends to
+  its ``C`` cached tokens and itself. The cache is contiguous, one row block per
+  sequence, ``[N, C, num_kv_heads, head_size]`` (flash-attn ``flash_attn_with_kvcache``
+  layout; vLLM's paged cache adds a block table, which kb-nano does not model).
+
+Traffic (``_traffic``): minimum DRAM bytes = q, k, v, output (+ the two caches in decode)
+read/written once; FLOPs = the two GEMMs ``q @ k^T`` and ``p @ v``, 2 * head_size FLOPs
+each per (query head, query token, visible key) pair — the standard count of the
+FlashAttention papers (causal prefill: N(N+1)/2 visible pairs per head; decode: C+1 per
+sequence); softmax and soft-cap are not counted.
+
+Tolerance: class ``fused`` (bf16 atol 2e-2, rtol 1e-2, as vLLM's flash-attention tests):
+the eager baseline rounds the probabilities to the model dtype before ``p @ v`` and the
+output sums up to C+1 such terms, where a flash kernel keeps them in fp32, so correct
+kernels differ by a few output ulps.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kb_nano.operators.base import (
+    TOLERANCES,
+    NotApplicable,
+    Operator,
+    config_field,
+    element_size,
+    kv_heads_per_rank,
+    normal,
+    shard,
+)
+
+# Decode context lengths when the manifest is not given ``context_lens`` (config key of the
+# same name). Small so the default sweep stays cheap on a CPU, where eager decode attention
+# of 64 sequences x 1024 cached tokens takes ~1 s per call in bf16.
+DEFAULT_CONTEXT_LENS = (256,)
+# Decode scenarios hold at most this many cached tokens (num_tokens x context_len) in one
+# layer's cache: about the whole KV cache of a real deployment (Llama-3.1-8B keeps 128 KiB
+# per token over its 32 layers, so an 80 GB GPU holds ~0.6M tokens). Beyond it the eager
+# baseline's repeated-KV copy alone needs tens of GB (1024 x 8192 tokens: 64 GiB).
+MAX_DECODE_CACHE_TOKENS = 2**20
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``[B, kv_heads, S, D] -> [B, kv_heads * n_rep, S, D]`` (transformers ``repeat_kv``)."""
+    if n_rep == 1:
+        return x
+    b, kv, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
+
+
+class Attention(nn.Module):
+    """Scaled dot-product attention of one TP rank with vLLM's signature.
+
+    Args:
+        num_heads: query heads on this rank (``num_attention_heads / tp``).
+        head_size: ``head_dim``.
+        scale: softmax scale (``head_dim ** -0.5``; Gemma-2: ``query_pre_attn_scalar ** -0.5``).
+        num_kv_heads: KV heads on this rank (divided, or 1 replicated head when tp > kv heads);
+            default ``num_heads`` (MHA).
+        logits_soft_cap: ``cap * tanh(scores / cap)`` before masking (Gemma-2 ``attn_logit_softcapping``).
+        prefix: layer name (unused; vLLM signature).
+    Forward:
+        query ``[N, num_heads * head_size]``; key, value ``[N, num_kv_heads * head_size]``
+        (after RoPE); key_cache, value_cache (kb-nano addition: vLLM reads them from the
+        forward context) ``[N, context_len, num_kv_heads, head_size]`` or None.
+        Without caches: causal attention over one sequence of N tokens. With caches: N
+        sequences, token i attends to ``key_cache[i]`` and to its own key.
+    Returns ``[N, num_heads * head_size]`` in the query dtype. No parameters.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        logits_soft_cap: float | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        self.num_queries_per_kv = self.num_heads // self.num_kv_heads
+        self.logits_soft_cap = logits_soft_cap
+        self.prefix = prefix
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor | None = None,
+        value_cache: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        n = query.shape[0]
+        q = query.view(n, self.num_heads, self.head_size)
+        k = key.view(n, self.num_kv_heads, self.head_size)
+        v = value.view(n, self.num_kv_heads, self.head_size)
+        if key_cache is None:
+            # prefill: batch 1, sequence n -> [1, heads, n, d]
+            q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            mask = torch.ones(n, n, dtype=torch.bool, device=query.device).triu(1)
+        else:
+            # decode: batch n, one query each, keys = cache + own -> [n, kv, C + 1, d]
+            q = q.unsqueeze(2)
+            k = torch.cat((key_cache, k.unsqueeze(1)), dim=1).transpose(1, 2)
+            v = torch.cat((value_cache, v.unsqueeze(1)), dim=1).transpose(1, 2)
+            mask = None
+        k = repeat_kv(k, self.num_queries_per_kv)
+        v = repeat_kv(v, self.num_queries_per_kv)
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
+        if self.logits_soft_cap:
+            scores = torch.tanh(scores / self.logits_soft_cap) * self.logits_soft_cap
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, v)  # [B, heads, S, d]
+        if key_cache is None:
+            return out[0].transpose(0, 1).reshape(n, self.num_heads * self.head_size)
+        return out.reshape(n, self.num_heads * self.head_size)
+
+
+def attention_scale(facts: dict) -> float:
+    """Softmax scale of the model: ``query_pre_attn_scalar ** -0.5`` where the config has
+    it (Gemma-2), else ``head_dim ** -0.5`` (transformers ``self.scaling``)."""
+    scalar = config_field(facts, "query_pre_attn_scalar")
+    return float(scalar) ** -0.5 if scalar else float(facts["head_dim"]) ** -0.5
+
+
+def _init_args(facts: dict, tp: int) -> dict:
+    cap = config_field(facts, "attn_logit_softcapping")
+    return {
+        "num_heads": shard(facts["num_attention_heads"], tp, "num_attention_heads"),
+        "head_size": facts["head_dim"],
+        "scale": attention_scale(facts),
+        "num_kv_heads": kv_heads_per_rank(facts["num_key_value_heads"], tp),
+        "logits_soft_cap": float(cap) if cap else None,
+    }
+
+
+def _variants(facts: dict, options: dict) -> list[tuple[str, dict]]:
+    lens = options.get("context_lens")
+    lens = DEFAULT_CONTEXT_LENS if lens is None else lens
+    return [("", {})] + [(f"ctx{int(c)}", {"context_len": int(c)}) for c in lens]
+
+
+def _inputs(args, facts, tp, num_tokens, dtype, context_len: int | None = None):
+    h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
+    specs = [
+        normal("query", [num_tokens, h * d], dtype),
+        normal("key", [num_tokens, kv * d], dtype),
+        normal("value", [num_tokens, kv * d], dtype),
+    ]
+    if context_len is None:
+        if num_tokens > facts["max_position_embeddings"]:
+            raise NotApplicable(
+                f"num_tokens={num_tokens} exceeds max_position_embeddings={facts['max_position_embeddings']}"
+            )
+        return specs
+    if context_len + 1 > facts["max_position_embeddings"]:
+        raise NotApplicable(
+            f"context_len={context_len} + 1 exceeds max_position_embeddings={facts['max_position_embeddings']}"
+        )
+    if num_tokens * context_len > MAX_DECODE_CACHE_TOKENS:
+        raise NotApplicable(
+            f"{num_tokens} sequences x {context_len} cached tokens exceed MAX_DECODE_CACHE_TOKENS="
+            f"{MAX_DECODE_CACHE_TOKENS} (kb_nano.operators.attention)"
+        )
+    return specs + [
+        normal("key_cache", [num_tokens, context_len, kv, d], dtype),
+        normal("value_cache", [num_tokens, context_len, kv, d], dtype),
+    ]
+
+
+def _traffic(args, inputs, dtype):
+    h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
+    n = inputs[0]["shape"][0]
+    es = element_size(inputs[0]["dtype"])
+    qkvo = n * (2 * h + 2 * kv) * d * es
+    if len(inputs) == 3:  # prefill, causal
+        return qkvo, 4 * h * d * (n * (n + 1) // 2)
+    ctx = inputs[3]["shape"][1]
+    return qkvo + 2 * n * ctx * kv * d * es, 4 * h * d * n * (ctx + 1)
+
+
+OPERATORS = {
+    "attention": Operator(
+        name="attention",
+        level=2,
+        category="attention",
+        baseline=Attention,
+        init_args=_init_args,
+        inputs=_inputs,
+        traffic=_traffic,
+        used_in="layers.*.self_attn.attn (after qkv_proj, q/k norm (Qwen3) and rotary_emb; before o_proj)",
+        variants=_variants,
+        tolerance=dict(TOLERANCES["fused"]),
+    ),
+}
