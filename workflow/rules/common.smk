@@ -46,7 +46,9 @@ def kernel_job_inputs(wildcards):
     checkpoints.generate_inputs.get()
     return {
         "candidate": f"candidates/{wildcards.target}/{wildcards.name}.py",
-        "helpers": sorted(str(p) for p in Path("candidates", wildcards.target).glob("_*.py")),
+        "helpers": sorted(
+            str(p) for p in Path("candidates", wildcards.target).glob("_*.py")
+        ),
         "harness": kbw.harness_files(wildcards.target),
     }
 
