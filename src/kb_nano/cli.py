@@ -241,6 +241,7 @@ def cmd_map(args, root: Path, base: dict) -> int:
     from rich.table import Table
 
     from kb_nano.table import make_console
+    from kb_nano.manifest import config_fields
     from kb_nano.models import load_config, model_facts, resolve
     from kb_nano.operators.base import NotApplicable
 
@@ -249,7 +250,7 @@ def cmd_map(args, root: Path, base: dict) -> int:
     console = make_console()
     for spec in specs:
         ref = resolve(spec, root)
-        facts = model_facts(load_config(ref, root), ref)
+        facts = {**model_facts(load_config(ref, root), ref), "hf_config": config_fields(ref, root)}
         table = Table(
             title=f"{ref.key} ({ref.hub_id or ref.config_path}) — {facts['architecture']}: hidden {facts['hidden_size']}, "
             f"heads {facts['num_attention_heads']}/{facts['num_key_value_heads']} kv, head_dim {facts['head_dim']}, "

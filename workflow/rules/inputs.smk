@@ -14,5 +14,6 @@ checkpoint generate_inputs:
         tp=config["tp"],
         num_tokens=config["num_tokens"],
         dtype=config["dtype"],
+        context_lens=config.get("context_lens"),
     script:
         "../scripts/generate_inputs.py"

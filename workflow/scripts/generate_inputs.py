@@ -14,6 +14,7 @@ with open(snakemake.log[0], "w") as log:
             num_tokens=[int(n) for n in snakemake.params.num_tokens],
             dtype=snakemake.params.dtype,
             root=Path("."),
+            context_lens=snakemake.params.context_lens,
         )
     except KbNanoError as exc:
         print(f"error: {exc}", file=log)
