@@ -17,6 +17,11 @@ class SdpaFusedDecoderLayer(DecoderLayer):
     init_weights = False
 
     def forward(self, hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self.input_layernorm, "variance_epsilon") or hasattr(self, "pre_feedforward_layernorm"):
+            raise TypeError(
+                f"{type(self).__name__} implements Llama/Qwen-style layers (x*w RMSNorm, no sandwich norms); "
+                f"this model's layer uses {type(self.input_layernorm).__name__}"
+            )
         attn = self.self_attn
         n, d = hidden_states.shape[0], attn.head_dim
         dtype = hidden_states.dtype
