@@ -152,3 +152,11 @@ def test_mlflow_ui_serves_the_runs_on_loopback(store):
     finally:
         stop(proc)
     assert proc.returncode is not None
+
+
+def test_compare_with_a_too_short_prefix_says_so(store, capsys):
+    from kb_nano.cli import main
+
+    uri, ids = store
+    assert main(["history", "--tracking-uri", uri, "--compare", ids["A"][:2], ids["C"]]) == 2
+    assert "give at least 4 characters" in capsys.readouterr().err

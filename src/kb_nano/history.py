@@ -156,6 +156,8 @@ def resolve_run(mlflow_client, ref: str, tracking_uri: str = "the tracking store
             return hits[0]
         if len(hits) > 1:
             raise KbNanoError(f"--compare: run id prefix {ref!r} is ambiguous ({len(hits)} runs); give more characters")
+    if len(ref) < 4:
+        raise KbNanoError(f"--compare: run id prefix {ref!r} is too short; give at least 4 characters (see `kb_nano history`)")
     raise KbNanoError(f"--compare: no kb-nano run {ref!r} in {tracking_uri}; see `kb_nano history`")
 
 
