@@ -1,6 +1,8 @@
 # Parse-time helpers: config checks, candidate discovery, job selection.
 # Everything here is torch-free; the heavy work happens inside jobs.
+import functools
 import json
+import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -23,13 +25,21 @@ SETTINGS = kbw.settings(config)
 CANDIDATES_BY_ID = {c.id: c for c in CANDIDATES}
 
 
+@functools.lru_cache(maxsize=4)
+def _manifest_at(path, mtime_ns):
+    data = load_manifest(path)
+    return data, {s["scenario_id"]: s for s in data["scenarios"]}
+
+
 def manifest_data():
-    """The manifest, once the generate_inputs checkpoint has produced it."""
-    return load_manifest(checkpoints.generate_inputs.get().output[0])
+    """The manifest and its scenarios by id, once the generate_inputs checkpoint has
+    produced it; read once per file version, not once per job."""
+    path = checkpoints.generate_inputs.get().output[0]
+    return _manifest_at(path, os.stat(path).st_mtime_ns)
 
 
 def selected():
-    return kbw.select(manifest_data(), CANDIDATES, config)
+    return kbw.select(manifest_data()[0], CANDIDATES, config)
 
 
 def kernel_shards(wildcards):
@@ -54,7 +64,9 @@ def kernel_job_inputs(wildcards):
 
 
 def scenario_param(wildcards):
-    for s in manifest_data()["scenarios"]:
-        if s["scenario_id"] == wildcards.scenario:
-            return json.dumps(s, sort_keys=True)
-    raise WorkflowError(f"kb-nano: scenario {wildcards.scenario} is not in {MANIFEST}")
+    scenario = manifest_data()[1].get(wildcards.scenario)
+    if scenario is None:
+        raise WorkflowError(
+            f"kb-nano: scenario {wildcards.scenario} is not in {MANIFEST}"
+        )
+    return json.dumps(scenario, sort_keys=True)
