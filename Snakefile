@@ -14,6 +14,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/inputs.smk"
+include: "workflow/rules/golden.smk"
 include: "workflow/rules/kernels.smk"
 include: "workflow/rules/tracking.smk"
 

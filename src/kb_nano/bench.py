@@ -127,6 +127,28 @@ def randomize_constant_parameters(module: torch.nn.Module, seed: int, std: float
                 p.add_(noise.to(device=p.device, dtype=p.dtype))
 
 
+def make_inputs(scenario: dict, generator: torch.Generator, device: str, golden: dict | None, root: Path, draw: int):
+    """The input tensors of one call of ``scenario`` (in spec order) and their source.
+
+    With ``golden`` (the job's ``{"path", "sha256"}`` param, see
+    :func:`kb_nano.workflow.golden_param`) the inputs the capture provides come from it
+    (:func:`kb_nano.golden.golden_inputs`; ``draw`` 0 or 1 picks another layer/prompt) and
+    the rest are seeded random: source ``"golden"``. Without it, or when the capture does
+    not cover the scenario (the reason is printed to the job log), all inputs are seeded
+    random from ``generator``: source ``"random"``.
+    """
+    provided: dict = {}
+    if golden:
+        from kb_nano.golden import GoldenMismatch, golden_inputs
+
+        try:
+            provided = golden_inputs(scenario, golden, root, device, draw)
+        except GoldenMismatch as exc:
+            print(f"golden inputs not used for {scenario['scenario_id']}: {exc}; using seeded random inputs")
+    tensors = [provided[s["name"]] if s["name"] in provided else make_tensor(s, generator, device) for s in scenario["inputs"]]
+    return tensors, "golden" if provided else "random"
+
+
 def tolerance(scenario: dict, settings: dict) -> tuple[float, float]:
     """Effective ``(atol, rtol)`` of a measurement.
 
@@ -151,7 +173,8 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
     """Run one candidate on one scenario and return a kernel row (see :mod:`kb_nano.schema`).
 
     ``settings``: ``device`` (auto|cpu|cuda[:i]), ``atol``, ``rtol`` (None = the operator's
-    tolerance, see :func:`tolerance`), ``num_warmup``, ``num_runs``, ``num_threads``.
+    tolerance, see :func:`tolerance`), ``num_warmup``, ``num_runs``, ``num_threads``,
+    ``golden`` (optional golden-tensor param, see :func:`make_inputs`).
     Candidate problems become rows (``import_error``, ``runtime_error``, ``incorrect*``,
     ``nonfinite``, ``skipped``); errors of the harness itself propagate.
     """
@@ -162,6 +185,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
     atol, rtol = tolerance(scenario, settings)
     base = {
         **scenario_fields(scenario),
+        "input_source": "golden" if settings.get("golden") else "random",
         "seed": seed,
         "candidate": candidate_id,
         "candidate_sha256": hashlib.sha256(Path(candidate_path).read_bytes()).hexdigest(),
@@ -214,7 +238,8 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
     candidate = candidate.to(device=device, dtype=dtype).eval()
 
     generator = torch.Generator().manual_seed(seed)
-    inputs = [make_tensor(spec, generator, str(device)) for spec in scenario["inputs"]]
+    inputs, source = make_inputs(scenario, generator, str(device), settings.get("golden"), Path(root), draw=0)
+    base["input_source"] = source
     with torch.inference_mode():
         ref = baseline(*[t.clone() for t in inputs])
         try:
@@ -242,7 +267,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
             return row("runtime_error", f"during timing: {one_line(exc)}", max_abs_err=max_abs, max_rel_err=max_rel)
         # Check again after timing on a second, different input set: a candidate that is
         # right on the first call and then caches or shortcuts is caught here.
-        second = [make_tensor(spec, generator, str(device)) for spec in scenario["inputs"]]
+        second, _ = make_inputs(scenario, generator, str(device), settings.get("golden") if source == "golden" else None, Path(root), draw=1)
         try:
             out2 = candidate(*[t.clone() for t in second])
         except Exception as exc:

@@ -361,6 +361,58 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
     return 0
 
 
+def cmd_capture_golden(args, passthrough: list[str]) -> int:
+    """``kb_nano capture-golden``: build ``results/golden/{model}`` for each model (the
+    ``capture_golden`` rule) and summarise the sidecars."""
+    from kb_nano.golden import GOLDEN_DIR
+    from kb_nano.models import resolve
+    from kb_nano.workflow import golden_settings
+
+    root = find_workflow_root()
+    base = _base_config(root, args.configfile)
+    models = select_models(args.model, base.get("models") or [], root)
+    keys = [resolve(m, root).key for m in models]
+    golden = golden_settings(base)
+    if args.num_layers is not None:
+        if args.num_layers < 0:
+            raise KbNanoError("--num-layers: must be >= 0 (0 = all layers of the config)")
+        golden["num_layers"] = args.num_layers
+    if args.weights:
+        if len(keys) != 1:
+            raise KbNanoError(f"--weights: give exactly one --model with it (got {', '.join(keys)})")
+        weights = Path(args.weights).resolve()
+        if not weights.is_dir() or not any(weights.glob("*.safetensors")) and not any(weights.glob("*.bin")):
+            raise KbNanoError(f"--weights {args.weights}: not a directory with *.safetensors or *.bin weight files")
+        golden["weights"][keys[0]] = str(weights)
+    config = {"models": models, "golden": golden}
+    preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    passthrough = [*passthrough, "--forcerun", "capture_golden"] if args.force else passthrough
+    code = run_snakemake(root, [str(GOLDEN_DIR / k) for k in keys], config, args, passthrough)
+    if code != 0:
+        for key in keys:
+            log = root / f"results/logs/capture_golden/{key}.log"
+            if log.is_file():
+                for line in log.read_text().splitlines():
+                    if line.startswith("error: "):
+                        print(line, file=sys.stderr)
+        print(f"error: the Snakemake workflow failed (exit {code}); see the messages above", file=sys.stderr)
+        return code
+    if args.dry_run:
+        return 0
+    for key in keys:
+        for sidecar in sorted((root / GOLDEN_DIR / key).glob("*.json")):
+            meta = json.loads(sidecar.read_text())
+            layers = meta["num_hidden_layers"]
+            shapes = ", ".join(f"{k} {v['shape']}" for k, v in list(meta["tensors"].items())[:3])
+            more = len(meta["tensors"]) - 3
+            print(f"{sidecar.with_suffix('.safetensors')}: {meta['operator']} of {key} "
+                  f"({layers['captured']} of {layers['model']} layers, {meta['weights'].split(':')[0]} weights, "
+                  f"{meta['prompts']['count']} prompts x {meta['prompts']['seq_len']} tokens, {meta['dtype']}): "
+                  f"{shapes}{f' (+{more} more)' if more > 0 else ''}")
+    print("attention, fused_moe and sampler scenarios of these models now use them (input_source = golden)")
+    return 0
+
+
 def _tracking_uri(args) -> tuple[Path, str]:
     """Workflow root and tracking URI: ``--tracking-uri`` > $MLFLOW_TRACKING_URI > config
     ``mlflow_tracking_uri`` > ``results/mlflow.db``."""
@@ -539,6 +591,18 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate-inputs", help="write the scenario manifest results/inputs/llm.yaml")
     _common(g)
     g.set_defaults(func=cmd_generate_inputs)
+
+    c = sub.add_parser("capture-golden", help="capture real inputs of attention / fused_moe / sampler from a model run")
+    c.add_argument("--model", nargs="+", action="extend", required=True,
+                   help="model key prefix (qwen3-8b), vendored Hub id (Qwen/Qwen3-8B), or config.json path")
+    c.add_argument("--weights", help="directory of local weights (default: random weights from the config)")
+    c.add_argument("--num-layers", type=int, help="decoder layers to keep (default 2; 0 = all)")
+    c.add_argument("--force", action="store_true", help="capture again even if the files are up to date")
+    c.add_argument("--configfile", help="config file whose keys override config/config.yaml")
+    c.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores (default all)")
+    c.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
+    c.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command")
+    c.set_defaults(func=cmd_capture_golden)
 
     h = sub.add_parser("history", help="past runs recorded in MLflow; --compare two of them")
     h.add_argument("--tier", choices=["kernels", "e2e", "eval"], help="only this tier (default: all)")

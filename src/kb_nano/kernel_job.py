@@ -79,7 +79,7 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
         write_rows(
             [
                 make_row(
-                    **scenario_fields(scenario),
+                    **{**scenario_fields(scenario), "input_source": "golden" if settings.get("golden") else "random"},
                     candidate=candidate_id,
                     candidate_sha256=file_sha256(candidate_path),
                     status=status,

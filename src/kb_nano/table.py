@@ -35,13 +35,17 @@ def _note(r: dict) -> str:
         if r.get(f"{side}_ms") and r.get(f"{side}_ms_iqr") is not None
         and r[f"{side}_ms_iqr"] > NOISY_IQR_FRACTION * r[f"{side}_ms"]
     ]
-    return f"noisy: {' and '.join(noisy)} IQR > {NOISY_IQR_FRACTION:.0%} of median" if noisy else ""
+    notes = ["golden inputs"] if r.get("input_source") == "golden" else []
+    if noisy:
+        notes.append(f"noisy: {' and '.join(noisy)} IQR > {NOISY_IQR_FRACTION:.0%} of median")
+    return "; ".join(notes)
 
 
 def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
     """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline and
     candidate median ms ± IQR (ms), speedup (baseline median / candidate median), and the
-    error, or a "noisy" flag when an IQR exceeds 25% of its median."""
+    error, or notes: "golden inputs" (captured tensors, see :mod:`kb_nano.golden`) and a
+    "noisy" flag when an IQR exceeds 25% of its median."""
     table = Table(title=title, show_lines=False)
     for col, justify in (
         ("scenario", "left"),

@@ -4,6 +4,7 @@ stay cheap: see DESIGN.md "nothing heavy at parse time")."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from kb_nano import operators
@@ -62,6 +63,42 @@ def model_config_files(root: Path, config: dict) -> list[str]:
     return [str(INDEX_FILE)] + [str(ref.config_path) for ref in refs]
 
 
+def model_refs(root: Path, config: dict) -> dict:
+    """Model key -> :class:`kb_nano.models.ModelRef` of every configured model (the
+    ``capture_golden`` rule maps its ``{model}`` wildcard through it)."""
+    return {ref.key: ref for ref in (resolve(spec, root) for spec in config["models"])}
+
+
+def golden_param(root: Path, scenario: dict, config: dict) -> dict | None:
+    """The golden tensors a kernel job of ``scenario`` reads, as its Snakemake param
+    ``{"path": sidecar, "sha256": digest of the tensors}`` (a new capture changes the digest
+    and so reruns the job), or None: operator without golden data, ``use_golden: false``,
+    or nothing captured for the model (``kb_nano capture-golden``)."""
+    from kb_nano.golden import GOLDEN_TARGETS, sidecar_path
+
+    if not config.get("use_golden", True) or scenario["target"] not in GOLDEN_TARGETS:
+        return None
+    meta = _sidecar(sidecar_path(root, scenario["model"], scenario["target"]))
+    if meta is None:
+        return None
+    return {"path": str(sidecar_path(Path("."), scenario["model"], scenario["target"])), "sha256": meta["sha256"]}
+
+
+def _sidecar(path: Path) -> dict | None:
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    return _sidecar_at(path, mtime)
+
+
+@functools.lru_cache(maxsize=256)
+def _sidecar_at(path: Path, mtime_ns: int) -> dict | None:
+    from kb_nano.golden import read_sidecar
+
+    return read_sidecar(path)
+
+
 def _wanted(scenario: dict, config: dict) -> bool:
     targets = config.get("targets") or []
     categories = config.get("categories") or []
@@ -96,7 +133,9 @@ def harness_files(target: str) -> list[str]:
     """Library files a kernel job of ``target`` depends on (absolute paths of the
     installed package): editing one reruns those jobs."""
     module = operators.CATALOG[target].module.split(".")[-1]
-    files = [*HARNESS_MODULES, f"operators/{module}.py"]
+    from kb_nano.golden import GOLDEN_TARGETS
+
+    files = [*HARNESS_MODULES, f"operators/{module}.py", *(["golden.py"] if target in GOLDEN_TARGETS else [])]
     return [str(PACKAGE_DIR / f) for f in files]
 
 
@@ -118,3 +157,12 @@ def settings(config: dict) -> dict:
         "num_runs": int(config["num_runs"]),
         "timeout_s": float(config["timeout_s"]),
     }
+
+
+def golden_settings(config: dict) -> dict:
+    """The ``golden`` config block with defaults: ``num_layers`` (decoder layers kept,
+    0 = all) and ``weights`` (model key -> directory of local weights)."""
+    from kb_nano.golden import DEFAULT_NUM_LAYERS
+
+    block = config.get("golden") or {}
+    return {"num_layers": int(block.get("num_layers", DEFAULT_NUM_LAYERS)), "weights": dict(block.get("weights") or {})}

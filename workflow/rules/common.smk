@@ -63,10 +63,32 @@ def kernel_job_inputs(wildcards):
     }
 
 
-def scenario_param(wildcards):
+def _scenario(wildcards):
     scenario = manifest_data()[1].get(wildcards.scenario)
     if scenario is None:
         raise WorkflowError(
             f"kb-nano: scenario {wildcards.scenario} is not in {MANIFEST}"
         )
-    return json.dumps(scenario, sort_keys=True)
+    return scenario
+
+
+def scenario_param(wildcards):
+    return json.dumps(_scenario(wildcards), sort_keys=True)
+
+
+def golden_param(wildcards):
+    """Golden tensors of the job's model and operator when captured (else None)."""
+    return kbw.golden_param(Path("."), _scenario(wildcards), config)
+
+
+GOLDEN = kbw.golden_settings(config)
+
+
+def golden_model_config(wildcards):
+    ref = kbw.model_refs(Path("."), config).get(wildcards.model)
+    if ref is None:
+        raise WorkflowError(
+            f"kb-nano: capture_golden: model {wildcards.model!r} is not in config models; "
+            f"use `kb_nano capture-golden --model {wildcards.model}`"
+        )
+    return str(ref.config_path)

@@ -17,6 +17,7 @@ rule kernel_bench:
     params:
         scenario=scenario_param,
         settings=SETTINGS,
+        golden=golden_param,
     script:
         "../scripts/kernel_bench.py"
 

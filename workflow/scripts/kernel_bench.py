@@ -9,7 +9,7 @@ run(
     scenario=json.loads(snakemake.params.scenario),
     candidate_id=f"{snakemake.wildcards.target}/{snakemake.wildcards.name}",
     candidate_path=snakemake.input.candidate,
-    settings={**snakemake.params.settings, "num_threads": snakemake.threads},
+    settings={**snakemake.params.settings, "num_threads": snakemake.threads, "golden": snakemake.params.golden},
     output=snakemake.output[0],
     log=snakemake.log[0],
     root=os.getcwd(),
