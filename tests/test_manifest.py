@@ -252,3 +252,11 @@ def test_scenarios_record_operator_tolerance(manifest):
     assert (s["sampler__llama31-8b__tp1__n1"]["atol"], s["sampler__llama31-8b__tp1__n1"]["rtol"]) == (0.0, 0.0)
     m32 = generate(["llama32-1b"], [1], [2], "float32", ROOT)
     assert by_id(m32)["mlp__llama32-1b__tp1__n2"]["atol"] == 1e-4
+
+
+def test_floats_and_strings_survive_json_and_yaml_readers():
+    m = {"schema_version": 1, "models": {"x": {"eps": 1e-05, "theta": 1e16, "scale": 1.5e-05, "neg": -2e-07}},
+         "scenarios": [{"scenario_id": 'a"1e5 2e-3', "sha": "3e5c", "atol": 0.01}]}
+    text = dumps(m)
+    assert json.loads(text) == m
+    assert yaml.safe_load(text) == m

@@ -72,11 +72,29 @@ def test_editing_one_candidate_reruns_only_its_jobs(swept):
     assert row["candidate_sha256"] == hashlib.sha256(cand.read_bytes()).hexdigest()
 
 
-def test_manifest_is_byte_identical_when_regenerated(swept):
+def test_manifest_is_byte_identical_when_regenerated_and_kept_when_inputs_unchanged(swept):
     manifest = swept / "results/inputs/llm.yaml"
     first = manifest.read_bytes()
-    snakemake(swept, "--forcerun", "generate_inputs", "--until", "generate_inputs")
+    mtime = manifest.stat().st_mtime_ns
+    snakemake(swept, "-n")
+    assert manifest.stat().st_mtime_ns == mtime  # inputs unchanged: read back, not rewritten
+    manifest.unlink()
+    snakemake(swept, "-n")
     assert manifest.read_bytes() == first
+
+
+def test_dry_run_on_a_fresh_copy_shows_every_kernel_job(tmp_path):
+    """No checkpoint: the manifest is computed while parsing, so the first dry run already
+    lists the kernel jobs (2 targets x 1 scenario x their candidates)."""
+    work = copy_workflow(tmp_path)
+    out = snakemake(work, "-n")
+    assert (work / "results/inputs/llm.yaml").is_file()
+    counts = dict(line.split()[:2] for line in out.stdout.splitlines() if line.startswith(("kernel_bench ", "total ")))
+    assert int(counts["kernel_bench"]) == 4, out.stdout  # rms_norm x2, silu_and_mul x2 candidates
+    (work / "small.yaml").write_text((work / "small.yaml").read_text().replace("num_tokens:\n- 1", "num_tokens:\n- 1\n- 8"))
+    out = snakemake(work, "-n")
+    counts = dict(line.split()[:2] for line in out.stdout.splitlines() if line.startswith("kernel_bench "))
+    assert int(counts["kernel_bench"]) == 8, out.stdout  # the manifest followed the config
 
 
 def test_bad_candidates_become_rows_and_the_sweep_goes_on(tmp_path):

@@ -280,15 +280,6 @@ def _shape_text(spec: dict) -> str:
     return f"{spec['name']}[{', '.join(dims)}]"
 
 
-def _report_manifest_error(root: Path, since: float) -> None:
-    """Repeat the one-line error of a failed manifest job (e.g. a broken config.json)."""
-    log = root / "results/logs/generate_inputs.log"
-    if log.is_file() and log.stat().st_mtime >= since:
-        for line in log.read_text().splitlines():
-            if line.startswith("error: "):
-                print(line, file=sys.stderr)
-
-
 def cmd_kernels(args, passthrough: list[str]) -> int:
     """``kb_nano kernels``: run the Tier-1 DAG and print the merged table."""
     root = find_workflow_root()
@@ -309,7 +300,6 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
     code = run_snakemake(root, ["results/kernels.parquet", output_json, marker], config, args, passthrough)
     if code != 0:
-        _report_manifest_error(root, started)
         print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
               f"{root / 'results/kernels'}; see the messages above", file=sys.stderr)
         if any((root / ".snakemake/locks").glob("*")):
@@ -343,10 +333,11 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
     base = _base_config(root, args.configfile)
     config = _overrides(args, root, base)
     preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
-    started = time.time()
-    code = run_snakemake(root, ["results/inputs/llm.yaml"], config, args, passthrough)
-    if code != 0:
-        _report_manifest_error(root, started)
+    # The Snakefile computes the manifest while parsing (workflow/rules/inputs.smk): a quiet
+    # dry run of the kernel sweep parses it and builds nothing.
+    args.dry_run, dry_run = True, args.dry_run
+    code = run_snakemake(root, ["results/kernels.parquet"], config, args, [*passthrough, "--quiet", "all"])
+    args.dry_run = dry_run
     if code != 0 or args.dry_run:
         return code
     from kb_nano.manifest import load

@@ -145,6 +145,18 @@ def manifest_code_files() -> list[str]:
     return [str(PACKAGE_DIR / f) for f in (*MANIFEST_MODULES, *(f"operators/{m}.py" for m in sorted(modules)))]
 
 
+def manifest(root: Path, config: dict, path: Path) -> tuple[dict, bool]:
+    """The scenario manifest of ``config`` at parse time (:func:`kb_nano.manifest.cached`):
+    read from ``path`` when its inputs (models, tp, num_tokens, dtype, context_lens, the
+    models' config.json files, the operators' shape code) are unchanged, else regenerated.
+    Returns ``(manifest, regenerated)``. Raises ``KbNanoError``."""
+    from kb_nano.manifest import cached
+
+    params = {k: config.get(k) for k in ("models", "tp", "num_tokens", "dtype", "context_lens")}
+    files = [root / f for f in model_config_files(root, config)] + [Path(f) for f in manifest_code_files()]
+    return cached(root / path, root, params, files)
+
+
 def settings(config: dict) -> dict:
     """The measurement settings handed to every kernel job (a Snakemake param, so a
     change reruns the jobs)."""

@@ -1,15 +1,14 @@
 # Parse-time helpers: config checks, candidate discovery, job selection.
-# Everything here is torch-free; the heavy work happens inside jobs.
+# Everything here is torch-free; the heavy work happens inside jobs (and in the manifest
+# generation of inputs.smk, only when the manifest's inputs changed).
 import functools
 import json
-import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
 from kb_nano import workflow as kbw
 from kb_nano.errors import KbNanoError
-from kb_nano.manifest import load as load_manifest
 
 MANIFEST = "results/inputs/llm.yaml"
 ENV = "../../envs/kb_nano.yaml"
@@ -17,7 +16,6 @@ ENV = "../../envs/kb_nano.yaml"
 try:
     kbw.check_config(config)
     CANDIDATES = kbw.candidates(Path("."), config)
-    MODEL_FILES = kbw.model_config_files(Path("."), config)
 except KbNanoError as exc:
     raise WorkflowError(f"kb-nano: {exc}") from None
 
@@ -25,19 +23,12 @@ SETTINGS = kbw.settings(config)
 CANDIDATES_BY_ID = {c.id: c for c in CANDIDATES}
 
 
-@functools.lru_cache(maxsize=4)
-def _manifest_at(path, mtime_ns):
-    data = load_manifest(path)
-    return data, {s["scenario_id"]: s for s in data["scenarios"]}
-
-
 def manifest_data():
-    """The manifest and its scenarios by id, once the generate_inputs checkpoint has
-    produced it; read once per file version, not once per job."""
-    path = checkpoints.generate_inputs.get().output[0]
-    return _manifest_at(path, os.stat(path).st_mtime_ns)
+    """The manifest and its scenarios by id (inputs.smk computes them at parse time)."""
+    return MANIFEST_DATA, SCENARIOS
 
 
+@functools.cache
 def selected():
     return kbw.select(manifest_data()[0], CANDIDATES, config)
 
@@ -52,14 +43,20 @@ def not_applicable_pairs(wildcards):
     return [[s["scenario_id"], c.id] for s, c in skipped]
 
 
+@functools.cache
+def _target_inputs(target):
+    """Helpers next to the target's candidates and the harness files (same for every job
+    of a target: computed once, not once per job)."""
+    return {
+        "helpers": sorted(str(p) for p in Path("candidates", target).glob("_*.py")),
+        "harness": kbw.harness_files(target),
+    }
+
+
 def kernel_job_inputs(wildcards):
-    checkpoints.generate_inputs.get()
     return {
         "candidate": f"candidates/{wildcards.target}/{wildcards.name}.py",
-        "helpers": sorted(
-            str(p) for p in Path("candidates", wildcards.target).glob("_*.py")
-        ),
-        "harness": kbw.harness_files(wildcards.target),
+        **_target_inputs(wildcards.target),
     }
 
 
