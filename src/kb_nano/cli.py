@@ -188,7 +188,10 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         cmd += ["--dry-run"]
     if not args.verbose:
         cmd += ["--quiet", "rules"]
-    with tempfile.TemporaryDirectory(prefix="kb_nano_") as tmp:
+    # Under the workflow directory, not /tmp: cluster jobs (`-- --profile profiles/slurm`)
+    # re-read every --configfile on their node, which shares the workflow directory only.
+    (root / ".snakemake").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kb_nano_", dir=root / ".snakemake") as tmp:
         configfiles = [str(Path(args.configfile).resolve())] if args.configfile else []
         if config:
             override = Path(tmp) / "overrides.yaml"
