@@ -88,3 +88,55 @@ def print_kernels(rows: list[dict], summary: dict, console: Console | None = Non
         f"{summary['rows']} rows: {by_status}; pass rate {_num(rate * 100 if rate is not None else None, '.0f')}%"
         f"; geomean speedup over passed {_num(gm, '.3f')}x"
     )
+
+
+def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)") -> Table:
+    """Table of e2e rows: model, tp, workload, variant, status, the workload's metrics
+    (throughput: requests/s, total and output tokens/s; latency: average and p50/p90/p99
+    ms), speedup over the baseline, and the error or the plugin's call counts."""
+    table = Table(title=title)
+    kinds = {r["kind"] for r in rows}
+    cols = ["model", "tp", "workload", "variant", "status"]
+    if "throughput" in kinds:
+        cols += ["req/s", "total tok/s", "output tok/s"]
+    if "latency" in kinds:
+        cols += ["avg ms", "p10 ms", "p25 ms", "p50 ms", "p75 ms", "p90 ms", "p99 ms"]
+    cols += ["speedup", "note"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("model", "workload", "variant", "status", "note") else "right",
+                         overflow="fold")
+    import json
+
+    for r in rows:
+        style = "green" if r["status"] == "ok" else "red"
+        cells = [escape(r["model"]), str(r["tp"]), escape(r["workload"]), escape(r["variant"]),
+                 f"[{style}]{r['status']}[/{style}]"]
+        if "throughput" in kinds:
+            cells += [_num(r.get("requests_per_s"), ".2f"), _num(r.get("total_tokens_per_s"), ".1f"),
+                      _num(r.get("output_tokens_per_s"), ".1f")]
+        if "latency" in kinds:
+            cells += [_num(r.get(k), ".1f") for k in ("avg_latency_ms", "p10_latency_ms", "p25_latency_ms",
+                                                      "p50_latency_ms", "p75_latency_ms", "p90_latency_ms",
+                                                      "p99_latency_ms")]
+        speed = r.get("speedup")
+        cells.append(_num(speed, ".3f") + ("x" if speed is not None else ""))
+        if r.get("error"):
+            note = r["error"]
+        elif r.get("candidates"):
+            calls = json.loads(r.get("candidate_calls") or "{}")
+            note = "calls: " + ", ".join(f"{cid} {v['calls']}" for cid, v in sorted(calls.items())) if calls else \
+                "no candidate call recorded"
+        else:
+            note = ""
+        cells.append(escape(note))
+        table.add_row(*cells)
+    return table
+
+
+def print_e2e(rows: list[dict], console: Console | None = None) -> None:
+    """Print the e2e table and where the weights came from."""
+    console = console or make_console()
+    console.print(e2e_table(rows))
+    for weights in sorted({r["weights"] for r in rows if r.get("weights")}):
+        models = sorted({r["model"] for r in rows if r.get("weights") == weights})
+        console.print(f"weights of {', '.join(models)}: {weights}")

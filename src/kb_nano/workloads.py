@@ -82,9 +82,9 @@ def from_dict(data: dict, where: str = "e2e.workloads") -> Workload:
 
 def auto_name(w: Workload) -> str:
     """A name that spells the settings, so two different flag sets never share shards:
-    ``latency_in32_out16_bs4_it1+3`` / ``throughput_random_in32_out16_n16_r0.0``."""
+    ``latency_in32_out16_bs4_warm1_it3`` / ``throughput_random_in32_out16_n16_r0.0``."""
     if w.kind == "latency":
-        return f"latency_in{w.input_len}_out{w.output_len}_bs{w.batch_size}_it{w.num_iters_warmup}+{w.num_iters}"
+        return f"latency_in{w.input_len}_out{w.output_len}_bs{w.batch_size}_warm{w.num_iters_warmup}_it{w.num_iters}"
     return (f"throughput_{w.dataset_name}_in{w.random_input_len}_out{w.random_output_len}_n{w.num_prompts}"
             f"_r{float(w.random_range_ratio)}")
 
@@ -94,7 +94,7 @@ def from_flags(kind: str, base: Workload | None, **flags) -> Workload:
     dataclass default). For throughput, ``--input-len``/``--output-len`` set the random
     lengths as in ``vllm bench throughput``. Named by :func:`auto_name`."""
     values = {k: v for k, v in asdict(base).items()} if base is not None else {}
-    values.update({"kind": kind, "name": "_"})
+    values.update({"kind": kind, "name": "pending"})
     if kind == "throughput":
         for plain, rnd in (("input_len", "random_input_len"), ("output_len", "random_output_len")):
             if flags.get(plain) is not None and flags.get(rnd) is None:
