@@ -39,11 +39,14 @@ def test_workload_flags_are_vllm_flags():
     t = workloads.from_flags("throughput", None, input_len=64, output_len=8, num_prompts=5)
     assert workloads.bench_args(t) == ["--dataset-name", "random", "--random-input-len", "64",
                                        "--random-output-len", "8", "--random-range-ratio", "0.0", "--num-prompts", "5"]
+    s = workloads.from_flags("serve", None, input_len=16, num_prompts=4, max_concurrency=2)
+    assert s.name == "serve_random_in16_out16_n4_r0.0_rateinf_c2"
+    assert workloads.bench_args(s)[-4:] == ["--num-prompts", "4", "--max-concurrency", "2"]  # no --request-rate: inf
 
 
 def test_workload_errors_are_one_line():
     with pytest.raises(KbNanoError, match="kind must be one of"):
-        workloads.from_dict({"name": "x", "kind": "serve"})
+        workloads.from_dict({"name": "x", "kind": "prefill"})
     with pytest.raises(KbNanoError, match="unknown workload field"):
         workloads.from_dict({"name": "x", "kind": "latency", "input_length": 3})
     with pytest.raises(KbNanoError, match="batch_size must be a positive integer"):
@@ -187,7 +190,8 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     assert "random (--load-format dummy)" in proc.stdout and "speedup" in proc.stdout
     assert (work / "results/mlflow/e2e.json").is_file()
     # Editing one candidate reruns only the variant that holds it (and merge + MLflow).
-    (work / "candidates/silu_and_mul/inplace.py").touch()
+    cand = work / "candidates/silu_and_mul/inplace.py"
+    cand.write_text(cand.read_text() + "\n# edited by the e2e rerun test\n")
     dry = kb_nano(work, "e2e", "latency", "--input-len", "16", "--output-len", "4", "--batch-size", "2",
                   "--num-iters-warmup", "0", "--num-iters", "2", "--candidates", "rms_norm/torch_fused",
                   "silu_and_mul/inplace", "--output-json", "results/my_e2e.json", "-n", "-v")
@@ -212,6 +216,19 @@ def test_engine_failure_becomes_a_row(tmp_path):
     (row,) = json.loads((work / "results/e2e.json").read_text())["rows"]
     assert row["status"] == "engine_error" and row["log_path"] in row["error"]
     assert "NoSuchModelForCausalLM" in Path(work / row["log_path"]).read_text()
+
+
+def _marked_processes(mark: str) -> list[int]:
+    """Pids whose environment holds KB_NANO_TEST_MARK=mark (vLLM renames its engine and
+    worker processes, so the command line cannot find them; the environment can)."""
+    pids = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"KB_NANO_TEST_MARK={mark}".encode() in env.read_bytes().split(b"\0"):
+                pids.append(int(env.parent.name))
+        except OSError:
+            continue
+    return pids
 
 
 def _job(tmp_path, candidates, timeout_s=600):
@@ -244,8 +261,37 @@ def test_candidate_crash_inside_the_engine_becomes_a_row(tmp_path):
 
 @needs_vllm
 @pytest.mark.slow
-def test_timeout_becomes_a_row_and_leaves_no_process(tmp_path):
-    row = _job(tmp_path, [], timeout_s=8)
-    assert row["status"] == "timeout" and "timeout_s=8" in row["error"]
-    out = subprocess.run(["pgrep", "-f", str(tmp_path / "vllm.json")], capture_output=True, text=True)
-    assert out.stdout == ""  # no engine process outlived the job
+def test_timeout_becomes_a_row_and_leaves_no_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("KB_NANO_TEST_MARK", tmp_path.name)
+    row = _job(tmp_path, [], timeout_s=15)
+    assert row["status"] == "timeout" and "timeout_s=15" in row["error"]
+    assert _marked_processes(tmp_path.name) == []  # no engine process outlived the job
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_serve_reports_ttft_tpot_itl_and_stops_the_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("KB_NANO_TEST_MARK", tmp_path.name)
+    cand = {"id": "silu_and_mul/inplace", "path": str(REPO / "candidates/silu_and_mul/inplace.py"), "sha256": "x"}
+    from kb_nano.e2e_job import run
+
+    m = e2e_plan.model(TINY, REPO)
+    model = {"key": m.key, "hub_id": None, "path": str(REPO / m.path), "tokenizer": str(REPO / m.tokenizer),
+             "load_format": m.load_format, "weights": m.weights}
+    status = run(model=model, tp=1, workload={"name": "s", "kind": "serve", "random_input_len": 16,
+                                              "random_output_len": 4, "num_prompts": 4, "max_concurrency": 2},
+                 variant="v", candidates=[cand],
+                 engine={"dtype": "auto", "max_model_len": 128, "enforce_eager": True, "seed": 0, "device": "cpu",
+                         "timeout_s": 600},
+                 output=str(tmp_path / "row.parquet"), vllm_json=str(tmp_path / "vllm.json"), log=str(tmp_path / "job.log"))
+    (row,) = pq.read_table(tmp_path / "row.parquet").to_pylist()
+    assert status == "ok", row["error"]
+    assert row["num_requests"] == 4 and row["failed_requests"] == 0
+    for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "requests_per_s",
+                "output_tokens_per_s"):
+        assert row[key] > 0, key
+    assert json.loads(row["candidate_calls"])["silu_and_mul/inplace"]["calls"] > 0  # in the server's engine
+    assert "p99_e2el_ms" in json.loads((tmp_path / "vllm.json").read_text())  # vLLM's own result file
+    log = (tmp_path / "job.log").read_text()
+    assert "kb_nano.vllm_cli serve" in log
+    assert _marked_processes(tmp_path.name) == []  # the server and its engine were stopped

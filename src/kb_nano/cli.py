@@ -384,7 +384,7 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
     configured = [workloads.from_dict(w, where="e2e.workloads") for w in e2e.get("workloads") or []]
     default = next((w for w in configured if w.kind == args.kind), None)
     flags = {k: getattr(args, k, None) for k in workloads.FIELDS if k not in ("name", "kind")}
-    if args.kind == "throughput":
+    if args.kind in ("throughput", "serve"):
         flags["input_len"], flags["output_len"] = args.input_len, args.output_len
     e2e["workloads"] = [workloads.Workload.params(workloads.from_flags(args.kind, default, **flags))]
     config = {**base, "e2e": e2e}
@@ -396,7 +396,7 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
 
 
 def cmd_e2e(args, passthrough: list[str]) -> int:
-    """``kb_nano e2e throughput|latency``: vLLM's own benchmark for the baseline and the
+    """``kb_nano e2e throughput|latency|serve``: vLLM's own benchmark for the baseline and the
     candidate variant (separate jobs), merged, logged to MLflow, printed with the ratio."""
     from kb_nano.tracking import marker_path
     from kb_nano.vllm_cli import vllm_version
@@ -618,7 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("e2e", help="Tier 2: vLLM's own benchmarks with candidates swapped into the engine")
     esub = e.add_subparsers(dest="kind", required=True)
     for kind, text in (("throughput", "offline throughput (vllm bench throughput): requests/s, tokens/s"),
-                       ("latency", "one batch end to end (vllm bench latency): average and percentiles")):
+                       ("latency", "one batch end to end (vllm bench latency): average and percentiles"),
+                       ("serve", "vllm serve on loopback driven by vllm bench serve: TTFT, TPOT, ITL, E2EL")):
         p = esub.add_parser(kind, help=text)
         p.add_argument("--model", nargs="+", action="extend",
                        help="model directory (config.json [+ weights + tokenizer]), key or vendored Hub id "
@@ -635,12 +636,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--output-json", help="merged JSON (default results/e2e.json)")
         p.add_argument("--input-len", type=int)
         p.add_argument("--output-len", type=int)
-        if kind == "throughput":
+        if kind in ("throughput", "serve"):
             p.add_argument("--dataset-name", choices=["random"])
             p.add_argument("--random-input-len", type=int)
             p.add_argument("--random-output-len", type=int)
             p.add_argument("--random-range-ratio", type=float)
             p.add_argument("--num-prompts", type=int)
+        if kind == "serve":
+            p.add_argument("--request-rate", type=float, help="requests/s (default: all at once, vLLM's inf)")
+            p.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
         else:
             p.add_argument("--batch-size", type=int)
             p.add_argument("--num-iters-warmup", type=int)

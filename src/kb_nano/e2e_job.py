@@ -1,12 +1,15 @@
 """One Tier-2 job: model × TP × workload × variant -> vLLM's own benchmark -> one row.
 
 The job runs ``vllm bench throughput|latency`` (vLLM's CLI through
-:mod:`kb_nano.vllm_cli`) in a child process with ``--output-json``, the kb-nano vLLM
+:mod:`kb_nano.vllm_cli`) in a child process with ``--output-json``, or for ``serve``
+starts ``vllm serve`` on 127.0.0.1 (a free port), waits for ``/health`` and drives it
+with ``vllm bench serve --save-result``; in every case with the kb-nano vLLM
 plugin enabled (``VLLM_PLUGINS=kb_nano``) and the variant's candidate files named in
 ``KB_NANO_E2E_CANDIDATES`` (empty for the baseline, where the plugin does nothing). The
 numbers are vLLM's; the harness adds the process start and the row. The child runs in a
 session of its own; afterwards (finished, failed, timed out or interrupted) the whole
-process group is killed, so no engine core or worker process outlives the job.
+process group is killed (the server's too), so no server, engine core or worker process
+outlives the job.
 
 Status of the row (:data:`kb_nano.schema.E2E_STATUSES`): ``ok`` when vLLM wrote its JSON;
 ``candidate_error`` when the plugin recorded a candidate failure; ``timeout``; ``crashed``
@@ -31,27 +34,75 @@ from pathlib import Path
 import kb_nano
 from kb_nano.files import atomic_write_text
 from kb_nano.provenance import git_sha, package_version
-from kb_nano.schema import PERCENTILES, make_e2e_row, write_table, e2e_table
+from kb_nano.schema import PERCENTILES, SERVE_METRICS, e2e_table, make_e2e_row, write_table
 from kb_nano.workloads import Workload, bench_args
 
 _OUTPUT_TOKENS_RE = re.compile(r"Total num output tokens:\s+(\d+)")
 _ERROR_LINE_RE = re.compile(r"(Error|Exception|error:)")
 
 
-def bench_command(model: dict, tp: int, workload: Workload, engine: dict, output_json: str) -> list[str]:
-    """The ``vllm bench {kind}`` command line (argv) of one job.
+VLLM = [sys.executable, "-m", "kb_nano.vllm_cli"]
 
-    ``model``: ``path`` (directory), ``tokenizer`` (directory), ``load_format``.
-    ``engine``: ``dtype``, ``max_model_len``, ``enforce_eager``, ``seed`` (vLLM's flags)."""
-    cmd = [sys.executable, "-m", "kb_nano.vllm_cli", "bench", workload.kind,
-           "--model", str(model["path"]), "--tokenizer", str(model["tokenizer"]),
-           "--load-format", model["load_format"], "--tensor-parallel-size", str(tp),
-           "--seed", str(engine["seed"]), "--dtype", str(engine["dtype"])]
+
+def engine_args(model: dict, tp: int, engine: dict) -> list[str]:
+    """vLLM engine flags of a job (``--tokenizer``, ``--load-format``, TP, seed, dtype,
+    ``--max-model-len``, ``--enforce-eager``); ``model``: ``path``, ``tokenizer``,
+    ``load_format``; ``engine``: ``dtype``, ``max_model_len``, ``enforce_eager``, ``seed``."""
+    cmd = ["--tokenizer", str(model["tokenizer"]), "--load-format", model["load_format"],
+           "--tensor-parallel-size", str(tp), "--seed", str(engine["seed"]), "--dtype", str(engine["dtype"])]
     if engine.get("max_model_len"):
         cmd += ["--max-model-len", str(engine["max_model_len"])]
     if engine.get("enforce_eager"):
         cmd += ["--enforce-eager"]
-    return cmd + bench_args(workload) + ["--output-json", output_json]
+    return cmd
+
+
+def bench_command(model: dict, tp: int, workload: Workload, engine: dict, output_json: str) -> list[str]:
+    """The ``vllm bench throughput|latency`` command line (argv) of one job."""
+    return [*VLLM, "bench", workload.kind, "--model", str(model["path"]), *engine_args(model, tp, engine),
+            *bench_args(workload), "--output-json", output_json]
+
+
+def serve_commands(model: dict, tp: int, workload: Workload, engine: dict, port: int, result: Path) -> tuple[list, list]:
+    """``(vllm serve ..., vllm bench serve ...)`` of a serve job: the server on
+    127.0.0.1:``port`` with the engine flags; the client with the workload's flags, the
+    TTFT/TPOT/ITL/E2EL percentiles 10..99 and ``--save-result`` into ``result``."""
+    server = [*VLLM, "serve", str(model["path"]), "--host", "127.0.0.1", "--port", str(port),
+              *engine_args(model, tp, engine)]
+    client = [*VLLM, "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}",
+              "--model", str(model["path"]), "--tokenizer", str(model["tokenizer"]), "--seed", str(engine["seed"]),
+              *bench_args(workload), "--percentile-metrics", ",".join(SERVE_METRICS),
+              "--metric-percentiles", ",".join(str(q) for q in PERCENTILES), "--save-result",
+              "--result-dir", str(result.parent), "--result-filename", result.name]
+    return server, client
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(proc: subprocess.Popen, port: int, deadline: float) -> int | None:
+    """Poll ``/health`` until it answers 200 (returns None), the server exits (returns its
+    status) or ``deadline`` (``time.monotonic()``) passes (raises ``TimeoutError``)."""
+    import urllib.request
+
+    while True:
+        code = proc.poll()
+        if code is not None:
+            return code
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return None
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(1.0)
 
 
 def job_env(candidates: list[dict], calls_dir: str, device: str) -> dict:
@@ -94,13 +145,33 @@ def _last_error_line(log: Path) -> str:
 
 
 def metrics(kind: str, result: dict, log_text: str) -> dict:
-    """Row metrics from vLLM's ``--output-json`` document.
+    """Row metrics from vLLM's ``--output-json`` (``--save-result`` for serve) document.
+
+    serve: ``request_throughput``, ``total_token_throughput``, ``output_throughput``
+    (per s), ``duration``, ``completed``, ``failed`` and ``{mean,p50,p90,p99}_{ttft,tpot,
+    itl,e2el}_ms`` as vLLM names them.
 
     latency: ``avg_latency`` and ``percentiles`` (s) -> ``avg_latency_ms``, ``p{q}_latency_ms``.
     throughput: ``requests_per_second``, ``tokens_per_second`` (total), ``elapsed_time``,
     ``num_requests``, ``total_num_tokens``; output tokens/s = vLLM's printed
     ``Total num output tokens`` / ``elapsed_time`` (the same formula as its printed
     ``output tokens/s``; the JSON does not carry it)."""
+    if kind == "serve":
+        out = {
+            "requests_per_s": float(result["request_throughput"]),
+            "total_tokens_per_s": float(result["total_token_throughput"]),
+            "output_tokens_per_s": float(result["output_throughput"]),
+            "elapsed_s": float(result["duration"]),
+            "num_requests": int(result["completed"]),
+            "total_output_tokens": int(result["total_output_tokens"]),
+            "failed_requests": int(result.get("failed", 0) or 0),
+        }
+        out["total_num_tokens"] = int(result["total_input_tokens"]) + out["total_output_tokens"]
+        for m in SERVE_METRICS:
+            for stat in ("mean", "p50", "p90", "p99"):
+                value = result.get(f"{stat}_{m}_ms")
+                out[f"{stat}_{m}_ms"] = None if value is None else float(value)
+        return out
     if kind == "latency":
         out = {"avg_latency_ms": 1000.0 * float(result["avg_latency"])}
         for q in PERCENTILES:
@@ -152,28 +223,8 @@ def run(
         bench_json = Path(tmp) / "bench.json"
         calls_dir = Path(tmp) / "calls"
         calls_dir.mkdir()
-        cmd = bench_command(model, tp, w, engine, str(bench_json))
         env = job_env([{"id": c["id"], "path": c["path"]} for c in candidates], str(calls_dir), engine["device"])
-        with open(log_path, "w") as log_fh:
-            print("+ " + " ".join(cmd), file=log_fh, flush=True)
-            proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-            def _stop(signum, frame):  # Snakemake or the user interrupts the job
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                raise SystemExit(128 + signum)
-
-            previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-            try:
-                code = proc.wait(timeout=float(engine["timeout_s"]))
-            except subprocess.TimeoutExpired:
-                code = None
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # engine core / workers left behind
-                proc.wait()
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+        code = _run_bench(model, tp, w, engine, env, bench_json, log_path)
         calls, cand_error = _evidence(calls_dir)
         log_text = log_path.read_text(errors="replace")
         if code == 0 and bench_json.is_file():
@@ -190,7 +241,8 @@ def run(
             error = f"benchmark killed by signal {signal.Signals(-code).name}"
         else:
             status = "engine_error"
-            error = f"vLLM exited with status {code}: {_last_error_line(log_path)}"
+            what = "the vLLM server" if w.kind == "serve" and _SERVER_DIED in log_path.read_text(errors="replace") else "vLLM"
+            error = f"{what} exited with status {code}: {_last_error_line(log_path)}"
         if error:
             error += f" (log: {log_path})"
     row = make_e2e_row(
@@ -230,6 +282,58 @@ def run(
     atomic_write_text(Path(vllm_json), json.dumps(doc, indent=4) + "\n")
     write_table(e2e_table([row]), out)
     return status
+
+
+_SERVER_DIED = "kb-nano: the vLLM server exited before it answered /health"
+
+
+def _run_bench(model, tp, w: Workload, engine: dict, env: dict, bench_json: Path, log_path: Path) -> int | None:
+    """Run the benchmark (and for serve the server) with output to ``log_path``; returns
+    the exit status (negative = signal), or None on timeout. Every process group started
+    here is SIGKILLed before returning, also when the job itself is interrupted."""
+    deadline = time.monotonic() + float(engine["timeout_s"])
+    groups: list[subprocess.Popen] = []
+
+    def _kill_all():
+        for p in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    def _stop(signum, frame):  # Snakemake or the user interrupts the job
+        _kill_all()
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with open(log_path, "w") as log_fh:
+            if w.kind == "serve":
+                port = _free_port()
+                server_cmd, cmd = serve_commands(model, tp, w, engine, port, bench_json)
+                print("+ " + " ".join(server_cmd), file=log_fh, flush=True)
+                server = subprocess.Popen(server_cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
+                                          start_new_session=True)
+                groups.append(server)
+                try:
+                    died = _wait_healthy(server, port, deadline)
+                except TimeoutError:
+                    return None
+                if died is not None:
+                    print(_SERVER_DIED, file=log_fh, flush=True)
+                    return died
+            else:
+                cmd = bench_command(model, tp, w, engine, str(bench_json))
+            print("+ " + " ".join(cmd), file=log_fh, flush=True)
+            proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            groups.append(proc)
+            try:
+                return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return None
+    finally:
+        _kill_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _vllm_version() -> str | None:

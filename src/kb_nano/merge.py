@@ -102,10 +102,13 @@ def json_rows(rows: list[dict]) -> list[dict]:
 def e2e_speedup(row: dict, baseline: dict | None) -> float | None:
     """Speedup of an ``ok`` e2e row over the ``ok`` baseline row of the same model, TP and
     workload: throughput ``total_tokens_per_s / baseline's``; latency
-    ``baseline avg_latency_ms / avg_latency_ms``. None when either is missing or failed."""
+    ``baseline avg_latency_ms / avg_latency_ms``; serve ``baseline mean_e2el_ms /
+    mean_e2el_ms`` (mean end-to-end request latency). None when either is missing or failed."""
     if baseline is None or row["status"] != "ok" or baseline["status"] != "ok":
         return None
-    if row["kind"] == "latency":
+    if row["kind"] == "serve":
+        a, b = baseline.get("mean_e2el_ms"), row.get("mean_e2el_ms")
+    elif row["kind"] == "latency":
         a, b = baseline.get("avg_latency_ms"), row.get("avg_latency_ms")
     else:
         a, b = row.get("total_tokens_per_s"), baseline.get("total_tokens_per_s")

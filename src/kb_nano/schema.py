@@ -160,7 +160,7 @@ E2E_SCHEMA = pa.schema(
         ("tokenizer", pa.string()),
         ("tp", pa.int32()),
         ("workload", pa.string()),
-        ("kind", pa.string()),  # throughput | latency
+        ("kind", pa.string()),  # throughput | latency | serve
         ("workload_params", pa.string()),  # JSON of the workload's vLLM settings
         ("variant", pa.string()),  # "baseline" or the candidate ids joined by "+"
         ("candidates", pa.string()),  # comma-separated candidate ids ("" for the baseline)
@@ -184,6 +184,25 @@ E2E_SCHEMA = pa.schema(
         ("p75_latency_ms", pa.float64()),
         ("p90_latency_ms", pa.float64()),
         ("p99_latency_ms", pa.float64()),
+        # serve (vllm bench serve's own key names): time to first token, time per output
+        # token, inter-token latency, end-to-end request latency, in ms
+        ("mean_ttft_ms", pa.float64()),
+        ("p50_ttft_ms", pa.float64()),
+        ("p90_ttft_ms", pa.float64()),
+        ("p99_ttft_ms", pa.float64()),
+        ("mean_tpot_ms", pa.float64()),
+        ("p50_tpot_ms", pa.float64()),
+        ("p90_tpot_ms", pa.float64()),
+        ("p99_tpot_ms", pa.float64()),
+        ("mean_itl_ms", pa.float64()),
+        ("p50_itl_ms", pa.float64()),
+        ("p90_itl_ms", pa.float64()),
+        ("p99_itl_ms", pa.float64()),
+        ("mean_e2el_ms", pa.float64()),
+        ("p50_e2el_ms", pa.float64()),
+        ("p90_e2el_ms", pa.float64()),
+        ("p99_e2el_ms", pa.float64()),
+        ("failed_requests", pa.int64()),  # serve: requests vLLM's benchmark saw fail
         ("speedup", pa.float64()),  # set by the merge: vs the baseline row of the same model/tp/workload
         ("dtype", pa.string()),
         ("max_model_len", pa.int64()),
@@ -200,7 +219,8 @@ E2E_SCHEMA = pa.schema(
     ]
 )
 E2E_COLUMNS = E2E_SCHEMA.names
-PERCENTILES = (10, 25, 50, 75, 90, 99)  # vllm bench latency's percentiles
+PERCENTILES = (10, 25, 50, 75, 90, 99)  # vllm bench latency's percentiles (also asked of bench serve)
+SERVE_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
 def make_e2e_row(**fields) -> dict:

@@ -92,15 +92,20 @@ def print_kernels(rows: list[dict], summary: dict, console: Console | None = Non
 
 def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)") -> Table:
     """Table of e2e rows: model, tp, workload, variant, status, the workload's metrics
-    (throughput: requests/s, total and output tokens/s; latency: average and p50/p90/p99
-    ms), speedup over the baseline, and the error or the plugin's call counts."""
+    (throughput and serve: requests/s, total and output tokens/s; latency: average and
+    p10..p99 ms; serve: TTFT/TPOT/ITL/E2EL mean and p99 ms), speedup over the baseline
+    (:func:`kb_nano.merge.e2e_speedup`), and the error or the plugin's call counts
+    (candidates of the variant that the model never built are named)."""
     table = Table(title=title)
     kinds = {r["kind"] for r in rows}
     cols = ["model", "tp", "workload", "variant", "status"]
-    if "throughput" in kinds:
+    if kinds & {"throughput", "serve"}:
         cols += ["req/s", "total tok/s", "output tok/s"]
     if "latency" in kinds:
         cols += ["avg ms", "p10 ms", "p25 ms", "p50 ms", "p75 ms", "p90 ms", "p99 ms"]
+    serve = [(m, st) for m in ("ttft", "tpot", "itl", "e2el") for st in ("mean", "p99")]
+    if "serve" in kinds:
+        cols += [f"{m.upper()} {st} ms" for m, st in serve]
     cols += ["speedup", "note"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("model", "workload", "variant", "status", "note") else "right",
@@ -111,21 +116,26 @@ def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)") -> Table:
         style = "green" if r["status"] == "ok" else "red"
         cells = [escape(r["model"]), str(r["tp"]), escape(r["workload"]), escape(r["variant"]),
                  f"[{style}]{r['status']}[/{style}]"]
-        if "throughput" in kinds:
+        if kinds & {"throughput", "serve"}:
             cells += [_num(r.get("requests_per_s"), ".2f"), _num(r.get("total_tokens_per_s"), ".1f"),
                       _num(r.get("output_tokens_per_s"), ".1f")]
         if "latency" in kinds:
             cells += [_num(r.get(k), ".1f") for k in ("avg_latency_ms", "p10_latency_ms", "p25_latency_ms",
                                                       "p50_latency_ms", "p75_latency_ms", "p90_latency_ms",
                                                       "p99_latency_ms")]
+        if "serve" in kinds:
+            cells += [_num(r.get(f"{st}_{m}_ms"), ".1f") for m, st in serve]
         speed = r.get("speedup")
         cells.append(_num(speed, ".3f") + ("x" if speed is not None else ""))
         if r.get("error"):
             note = r["error"]
         elif r.get("candidates"):
             calls = json.loads(r.get("candidate_calls") or "{}")
-            note = "calls: " + ", ".join(f"{cid} {v['calls']}" for cid, v in sorted(calls.items())) if calls else \
-                "no candidate call recorded"
+            unused = [c for c in r["candidates"].split(",") if not calls.get(c, {}).get("constructed")]
+            note = ("calls: " + ", ".join(f"{cid} {v['calls']}" for cid, v in sorted(calls.items())
+                                           if v.get("constructed")) if calls else "no candidate call recorded")
+            if unused:
+                note += f"; not in this model: {', '.join(unused)}"
         else:
             note = ""
         cells.append(escape(note))

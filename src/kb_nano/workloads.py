@@ -8,6 +8,10 @@ A workload is a named set of vLLM benchmark settings of one kind:
 - ``latency``: ``vllm bench latency``: one batch of ``batch_size`` prompts of ``input_len``
   tokens generating ``output_len`` tokens, ``num_iters_warmup`` + ``num_iters`` times;
   reports the average and the 10/25/50/75/90/99th percentiles (seconds).
+- ``serve``: ``vllm serve`` on loopback driven by ``vllm bench serve`` (random dataset as
+  for throughput; ``request_rate`` requests/s, None = all at once as vLLM's ``inf``;
+  ``max_concurrency`` None = unlimited); reports TTFT, TPOT, ITL and end-to-end latency
+  (ms) and request/token throughput.
 
 Names match vLLM's flags one to one (``input_len`` = ``--input-len``), so
 :func:`bench_args` is a plain translation. Workloads live in the config (``e2e.workloads``)
@@ -22,7 +26,7 @@ from dataclasses import asdict, dataclass, fields
 
 from kb_nano.errors import KbNanoError
 
-KINDS = ("throughput", "latency")
+KINDS = ("throughput", "latency", "serve")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -44,15 +48,20 @@ class Workload:
     random_output_len: int = 16
     random_range_ratio: float = 0.0
     num_prompts: int = 16
+    # serve
+    request_rate: float | None = None
+    max_concurrency: int | None = None
 
     def params(self) -> dict:
         """The fields that matter for ``kind`` (the rest are ignored by vLLM's benchmark)."""
-        keep = LATENCY_FIELDS if self.kind == "latency" else THROUGHPUT_FIELDS
+        keep = KIND_FIELDS[self.kind]
         return {k: v for k, v in asdict(self).items() if k in ("name", "kind", *keep)}
 
 
 LATENCY_FIELDS = ("input_len", "output_len", "batch_size", "num_iters_warmup", "num_iters")
 THROUGHPUT_FIELDS = ("dataset_name", "random_input_len", "random_output_len", "random_range_ratio", "num_prompts")
+SERVE_FIELDS = (*THROUGHPUT_FIELDS, "request_rate", "max_concurrency")
+KIND_FIELDS = {"latency": LATENCY_FIELDS, "throughput": THROUGHPUT_FIELDS, "serve": SERVE_FIELDS}
 FIELDS = {f.name for f in fields(Workload)}
 
 
@@ -75,6 +84,10 @@ def from_dict(data: dict, where: str = "e2e.workloads") -> Workload:
             raise KbNanoError(f"{where}: workload {name!r}: {key} must be a positive integer")
     if not 0 <= float(w.random_range_ratio) < 1:
         raise KbNanoError(f"{where}: workload {name!r}: random_range_ratio must be in [0, 1)")
+    if w.request_rate is not None and not (isinstance(w.request_rate, (int, float)) and w.request_rate > 0):
+        raise KbNanoError(f"{where}: workload {name!r}: request_rate must be a positive number (or null = inf)")
+    if w.max_concurrency is not None and not (isinstance(w.max_concurrency, int) and w.max_concurrency > 0):
+        raise KbNanoError(f"{where}: workload {name!r}: max_concurrency must be a positive integer (or null)")
     if w.dataset_name != "random":
         raise KbNanoError(f"{where}: workload {name!r}: only dataset_name 'random' is supported (offline)")
     return w
@@ -85,17 +98,22 @@ def auto_name(w: Workload) -> str:
     ``latency_in32_out16_bs4_warm1_it3`` / ``throughput_random_in32_out16_n16_r0.0``."""
     if w.kind == "latency":
         return f"latency_in{w.input_len}_out{w.output_len}_bs{w.batch_size}_warm{w.num_iters_warmup}_it{w.num_iters}"
+    if w.kind == "serve":
+        rate = "inf" if w.request_rate is None else f"{float(w.request_rate)}"
+        conc = "" if w.max_concurrency is None else f"_c{w.max_concurrency}"
+        return (f"serve_{w.dataset_name}_in{w.random_input_len}_out{w.random_output_len}_n{w.num_prompts}"
+                f"_r{float(w.random_range_ratio)}_rate{rate}{conc}")
     return (f"throughput_{w.dataset_name}_in{w.random_input_len}_out{w.random_output_len}_n{w.num_prompts}"
             f"_r{float(w.random_range_ratio)}")
 
 
 def from_flags(kind: str, base: Workload | None, **flags) -> Workload:
     """A workload of ``kind`` from CLI flags (None = keep ``base``'s value, else the
-    dataclass default). For throughput, ``--input-len``/``--output-len`` set the random
+    dataclass default). For throughput and serve, ``--input-len``/``--output-len`` set the random
     lengths as in ``vllm bench throughput``. Named by :func:`auto_name`."""
     values = {k: v for k, v in asdict(base).items()} if base is not None else {}
     values.update({"kind": kind, "name": "pending"})
-    if kind == "throughput":
+    if kind in ("throughput", "serve"):
         for plain, rnd in (("input_len", "random_input_len"), ("output_len", "random_output_len")):
             if flags.get(plain) is not None and flags.get(rnd) is None:
                 flags[rnd] = flags[plain]
@@ -106,8 +124,10 @@ def from_flags(kind: str, base: Workload | None, **flags) -> Workload:
 
 
 def bench_args(w: Workload) -> list[str]:
-    """The ``vllm bench {kind}`` flags of the workload (without engine flags)."""
+    """The ``vllm bench {kind}`` flags of the workload (without engine flags); unset
+    serve options are left to vLLM's defaults (``--request-rate inf``, no concurrency cap)."""
     out = []
-    for key in LATENCY_FIELDS if w.kind == "latency" else THROUGHPUT_FIELDS:
-        out += [f"--{key.replace('_', '-')}", str(getattr(w, key))]
+    for key in KIND_FIELDS[w.kind]:
+        if getattr(w, key) is not None:
+            out += [f"--{key.replace('_', '-')}", str(getattr(w, key))]
     return out
