@@ -5,8 +5,8 @@ candidate) or a candidate set, named by its ids joined with ``+`` (``/`` -> ``.`
 ``rms_norm.torch_fused+silu_and_mul.inplace``; the name spells the set, so editing one
 candidate reruns exactly the variants that contain it (its file is an input of those
 jobs only). ``e2e.candidates`` empty = every candidate that can run inside vLLM on the
-device (:func:`kb_nano.vllm_plugin.swappable`, ``supported_devices``), one per target
-(the first by id when a target has several).
+device (:func:`kb_nano.vllm_plugin.swappable`, ``supported_devices``) and whose target a
+configured model uses, one per target (the first by id when a target has several).
 """
 
 from __future__ import annotations
@@ -95,15 +95,33 @@ def applicable(root: Path, device: str) -> tuple[list[CandidateRef], list[tuple[
     return ok, skipped
 
 
-def candidate_set(root: Path, requested: list[str], device: str) -> list[CandidateRef]:
+def used_targets(root: Path, model_specs: list[str]) -> set[str]:
+    """Operators at least one of the models uses (each operator's ``applies_to`` on the
+    model's config facts; e.g. ``gelu_and_mul`` only for GeGLU models). Loads the configs
+    with transformers (called only when e2e jobs are planned, not at every parse)."""
+    from kb_nano import operators
+    from kb_nano.models import load_config, model_facts
+
+    used: set[str] = set()
+    for spec in model_specs:
+        ref = resolve(spec, root)
+        facts = model_facts(load_config(ref, root), ref)
+        used |= {name for name in operators.names() if operators.get(name).applies_to(facts)}
+    return used
+
+
+def candidate_set(root: Path, requested: list[str], device: str, model_specs: list[str] | None = None) -> list[CandidateRef]:
     """The candidates of the non-baseline variant: ``requested`` ids/prefixes, or all
-    applicable (one per target). Raises ``KbNanoError`` for an id that matches nothing, a
-    candidate that cannot be swapped into vLLM (with the reason), or two of one target."""
+    applicable (one per target, and with ``model_specs`` only targets those models use).
+    Raises ``KbNanoError`` for an id that matches nothing, a candidate that cannot be
+    swapped into vLLM (with the reason), or two of one target."""
     ok, skipped = applicable(root, device)
     if not requested:
+        used = used_targets(root, model_specs) if model_specs else None
         chosen: dict[str, CandidateRef] = {}
         for c in ok:
-            chosen.setdefault(c.target, c)
+            if used is None or c.target in used:
+                chosen.setdefault(c.target, c)
         return sorted(chosen.values(), key=lambda c: c.id)
     found = discover(root)
     reasons = {c.id: why for c, why in skipped}
@@ -159,7 +177,7 @@ def variants(root: Path, config: dict, device: str) -> list[str]:
     e2e = config["e2e"]
     out = [BASELINE]
     if not e2e.get("baseline_only"):
-        cands = candidate_set(root, e2e.get("candidates") or [], device)
+        cands = candidate_set(root, e2e.get("candidates") or [], device, e2e["models"])
         if cands:
             out.append(variant_name(cands))
     return out

@@ -529,7 +529,9 @@ def e2e_candidate_hashes(rows: list[dict]) -> dict[str, str]:
 
 
 def e2e_metrics(rows: list[dict]) -> dict[str, float]:
-    """Metrics of an e2e result set (None values dropped): ``rows``, ``ok``, ``failed``,
+    """Metrics of an e2e result set (None values dropped): ``rows`` (= ``scenarios_run``),
+    ``ok``, ``failed``, ``pass_rate`` (ok / rows), ``geomean_speedup`` (over the ok
+    candidate-variant rows; what ``kb_nano history`` shows),
     ``status/<status>`` counts, and per ok row ``<metric>/<model>/tp<tp>/<workload>/<variant>``
     for ``total_tokens_per_s``, ``output_tokens_per_s``, ``requests_per_s`` (throughput),
     ``avg_latency_ms``, ``p50_latency_ms``, ``p99_latency_ms`` (latency) and ``speedup``,
@@ -538,7 +540,14 @@ def e2e_metrics(rows: list[dict]) -> dict[str, float]:
     from kb_nano.merge import geomean
 
     ok = [r for r in rows if r["status"] == "ok"]
-    m: dict[str, float | None] = {"rows": len(rows), "ok": len(ok), "failed": len(rows) - len(ok)}
+    m: dict[str, float | None] = {
+        "rows": len(rows),
+        "scenarios_run": len(rows),
+        "ok": len(ok),
+        "failed": len(rows) - len(ok),
+        "pass_rate": len(ok) / len(rows) if rows else None,
+        "geomean_speedup": geomean(r.get("speedup") for r in ok if r["variant"] != "baseline"),
+    }
     for status in sorted({r["status"] for r in rows}):
         m[f"status/{status}"] = sum(r["status"] == status for r in rows)
     keys = ("total_tokens_per_s", "output_tokens_per_s", "requests_per_s", "avg_latency_ms", "p50_latency_ms",
