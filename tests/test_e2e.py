@@ -329,3 +329,15 @@ def test_e2e_mlflow_run_is_keyed_by_its_rows(tmp_path):
     write_table(e2e_table([{**rows[1], "avg_latency_ms": 90.0}]), shards[1])
     merge_e2e(shards, tmp_path / "e2e.parquet", tmp_path / "e2e.json")
     assert tracking.log_e2e(**kw)["created"]
+
+
+def test_job_env_drops_snakemake_thread_counts(monkeypatch):
+    from kb_nano.e2e_job import SNAKEMAKE_THREAD_VARS, job_env
+
+    for var in SNAKEMAKE_THREAD_VARS:
+        monkeypatch.setenv(var, "2")  # what Snakemake sets for a job with threads: 2
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    env = job_env([{"id": "a/b", "path": "/x.py"}], "/calls", "cpu")
+    assert not set(SNAKEMAKE_THREAD_VARS) & set(env)
+    assert env["VLLM_PLUGINS"] == "kb_nano" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert json.loads(env[ENV_CANDIDATES]) == [{"id": "a/b", "path": "/x.py"}] and env[ENV_CALLS_DIR] == "/calls"

@@ -105,12 +105,24 @@ def _wait_healthy(proc: subprocess.Popen, port: int, deadline: float) -> int | N
         time.sleep(1.0)
 
 
+# Thread-count variables Snakemake sets to a job's `threads` for script jobs
+# (snakemake/shell.py). vLLM on a CPU pins its own OpenMP threads per worker
+# (VLLM_CPU_OMP_THREADS_BIND, default: all cores but VLLM_CPU_NUM_OF_RESERVED_CPU); with
+# OMP_NUM_THREADS=2 inherited it ran 2 spinning threads on the 1 core it had pinned, and
+# `vllm bench latency` took 3.3-4.0 s instead of 0.08-0.10 s per batch (2-core AMD EPYC,
+# bench/e2e_harness_overhead.py). The job removes them so vLLM starts as from a shell.
+SNAKEMAKE_THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                         "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
 def job_env(candidates: list[dict], calls_dir: str, device: str) -> dict:
     """Environment of the benchmark process: the plugin's variables, ``VLLM_PLUGINS=kb_nano``,
-    and on CPU ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache) unless already set."""
+    on CPU ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache) unless already set, and without
+    :data:`SNAKEMAKE_THREAD_VARS` (steer vLLM's CPU threads with its own
+    ``VLLM_CPU_OMP_THREADS_BIND`` / ``VLLM_CPU_NUM_OF_RESERVED_CPU``)."""
     from kb_nano.vllm_plugin import ENV_CALLS_DIR, ENV_CANDIDATES, PLUGIN_NAME
 
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in SNAKEMAKE_THREAD_VARS}
     env["VLLM_PLUGINS"] = PLUGIN_NAME
     env[ENV_CANDIDATES] = json.dumps(candidates)
     env[ENV_CALLS_DIR] = calls_dir
