@@ -1,6 +1,7 @@
-# kb-nano: Tier-1 kernel benchmarks as a Snakemake DAG.
+# kb-nano: Tier-1 kernel benchmarks as a Snakemake DAG; Tier 2 (vLLM) via the named target `e2e`.
 #   snakemake --cores all                 # embedded default (config/config.yaml)
 #   kb_nano kernels --target rms_norm     # the same DAG through the CLI
+#   snakemake --cores all e2e             # Tier 2 with config e2e: (kb_nano e2e latency|throughput)
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -17,6 +18,7 @@ include: "workflow/rules/inputs.smk"
 include: "workflow/rules/golden.smk"
 include: "workflow/rules/kernels.smk"
 include: "workflow/rules/tracking.smk"
+include: "workflow/rules/e2e.smk"
 
 
 rule all:

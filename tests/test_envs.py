@@ -19,8 +19,8 @@ from workflow_helpers import REPO
 ENV = REPO / "envs/kb_nano.yaml"
 
 
-def _env_packages() -> dict[str, str | None]:
-    env = yaml.safe_load(ENV.read_text())
+def _env_packages(path=ENV) -> dict[str, str | None]:
+    env = yaml.safe_load(path.read_text())
     assert env["channels"] and env["dependencies"]
     pkgs: dict[str, str | None] = {}
     for dep in env["dependencies"]:
@@ -55,7 +55,9 @@ def _third_party_imports() -> set[str]:
 def test_env_file_lists_every_imported_distribution():
     pkgs = _env_packages()
     dists = importlib.metadata.packages_distributions()
-    optional = {"triton"}  # imported inside candidates only; CUDA installs bring it with torch
+    # triton: imported inside candidates only; CUDA installs bring it with torch.
+    # vllm: the e2e extra; the e2e rules use envs/kb_nano_e2e.yaml (test below).
+    optional = {"triton", "vllm"}
     missing = []
     for module in sorted(_third_party_imports() - optional):
         names = {d.lower() for d in dists.get(module, [module])}
@@ -73,3 +75,13 @@ def test_env_pins_match_pyproject():
     for name, version in _env_packages().items():
         if name in pins:
             assert version == pins[name], f"{name}: env pins {version}, pyproject {pins[name]}"
+
+
+def test_e2e_env_is_the_main_env_plus_the_e2e_extra():
+    main = _env_packages()
+    e2e = _env_packages(REPO / "envs/kb_nano_e2e.yaml")
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    (vllm_pin,) = pyproject["project"]["optional-dependencies"]["e2e"]
+    name, _, version = vllm_pin.partition("==")
+    assert e2e == {**main, name: version}
+    assert 'conda:\n        ENV_E2E' in (REPO / "workflow/rules/e2e.smk").read_text()

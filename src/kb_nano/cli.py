@@ -407,6 +407,81 @@ def cmd_capture_golden(args, passthrough: list[str]) -> int:
     return 0
 
 
+def _e2e_overrides(args, root: Path, base: dict) -> dict:
+    """The ``e2e`` config section of one ``kb_nano e2e {kind}`` invocation: the configured
+    section with the flags applied and one workload built from the flags (defaults: the
+    first configured workload of that kind). Raises ``KbNanoError`` (one line)."""
+    from kb_nano import e2e_plan, workloads
+
+    e2e = dict(base.get("e2e") or {})
+    if args.model:
+        e2e["models"] = [str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m
+                         for m in args.model]
+    if args.tp:
+        e2e["tp"] = args.tp
+    for flag in ("seed", "dtype", "max_model_len", "enforce_eager", "load_format", "timeout_s", "device",
+                 "output_json"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            e2e[flag] = value
+    if args.candidates:
+        e2e["candidates"] = args.candidates
+    e2e["baseline_only"] = bool(args.baseline)
+    configured = [workloads.from_dict(w, where="e2e.workloads") for w in e2e.get("workloads") or []]
+    default = next((w for w in configured if w.kind == args.kind), None)
+    flags = {k: getattr(args, k, None) for k in workloads.FIELDS if k not in ("name", "kind")}
+    if args.kind in ("throughput", "serve"):
+        flags["input_len"], flags["output_len"] = args.input_len, args.output_len
+    e2e["workloads"] = [workloads.Workload.params(workloads.from_flags(args.kind, default, **flags))]
+    config = {**base, "e2e": e2e}
+    device = e2e_plan.e2e_device(config)
+    for spec in e2e["models"]:
+        e2e_plan.model(spec, root, e2e.get("load_format", "auto"))
+    e2e_plan.variants(root, config, device)
+    return e2e
+
+
+def cmd_e2e(args, passthrough: list[str]) -> int:
+    """``kb_nano e2e throughput|latency|serve``: vLLM's own benchmark for the baseline and the
+    candidate variant (separate jobs), merged, logged to MLflow, printed with the ratio."""
+    from kb_nano.tracking import marker_path
+    from kb_nano.vllm_cli import vllm_version
+
+    if vllm_version() is None:
+        raise KbNanoError("vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
+                          "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)")
+    root = find_workflow_root()
+    base = _base_config(root, args.configfile)
+    if args.configfile:  # Snakemake merges nested sections key by key; so does this preview
+        base["e2e"] = {**_read_yaml(root / DEFAULT_CONFIG).get("e2e", {}), **(base.get("e2e") or {})}
+    e2e = _e2e_overrides(args, root, base)
+    preflight(root, base, {"e2e": e2e}, args.configfile or str(DEFAULT_CONFIG))
+    output_json = e2e["output_json"]
+    marker = marker_path("e2e")
+    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    code = run_snakemake(root, ["results/e2e.parquet", output_json, marker], {"e2e": e2e}, args, passthrough)
+    if code != 0:
+        print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
+              f"{root / 'results/e2e'}; see the messages above", file=sys.stderr)
+        return code
+    if args.dry_run:
+        return 0
+    from kb_nano.table import print_e2e
+
+    doc = json.loads((root / output_json).read_text())
+    print_e2e(doc["rows"])
+    print(f"results: {root / 'results/e2e.parquet'}, {root / output_json}; vLLM's JSON per job under "
+          f"{root / 'results/e2e'}")
+    if (root / marker).is_file():
+        rec = json.loads((root / marker).read_text())
+        if (root / marker).stat().st_mtime_ns == marker_before:
+            how = "nothing changed since run"
+        else:
+            how = "new run" if rec["created"] else "inputs unchanged, existing run"
+        print(f"MLflow: {how} {rec['run_id']} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
+    return 0
+
+
 def _tracking_uri(args) -> tuple[Path, str]:
     """Workflow root and tracking URI: ``--tracking-uri`` > $MLFLOW_TRACKING_URI > config
     ``mlflow_tracking_uri`` > ``results/mlflow.db``."""
@@ -597,6 +672,51 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
     c.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command")
     c.set_defaults(func=cmd_capture_golden)
+
+    e = sub.add_parser("e2e", help="Tier 2: vLLM's own benchmarks with candidates swapped into the engine")
+    esub = e.add_subparsers(dest="kind", required=True)
+    for kind, text in (("throughput", "offline throughput (vllm bench throughput): requests/s, tokens/s"),
+                       ("latency", "one batch end to end (vllm bench latency): average and percentiles"),
+                       ("serve", "vllm serve on loopback driven by vllm bench serve: TTFT, TPOT, ITL, E2EL")):
+        p = esub.add_parser(kind, help=text)
+        p.add_argument("--model", nargs="+", action="extend",
+                       help="model directory (config.json [+ weights + tokenizer]), key or vendored Hub id "
+                            "(default: the embedded tiny Llama)")
+        p.add_argument("--tp", "--tensor-parallel-size", dest="tp", nargs="+", action="extend", type=int,
+                       help="tensor-parallel degree(s)")
+        p.add_argument("--seed", type=int)
+        p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
+        p.add_argument("--max-model-len", type=int)
+        p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+                       help="vLLM --enforce-eager (default on in config/config.yaml)")
+        p.add_argument("--load-format", choices=["auto", "dummy"],
+                       help="dummy = random weights; auto = the model directory's weights if any, else dummy")
+        p.add_argument("--output-json", help="merged JSON (default results/e2e.json)")
+        p.add_argument("--input-len", type=int)
+        p.add_argument("--output-len", type=int)
+        if kind in ("throughput", "serve"):
+            p.add_argument("--dataset-name", choices=["random"])
+            p.add_argument("--random-input-len", type=int)
+            p.add_argument("--random-output-len", type=int)
+            p.add_argument("--random-range-ratio", type=float)
+            p.add_argument("--num-prompts", type=int)
+        if kind == "serve":
+            p.add_argument("--request-rate", type=float, help="requests/s (default: all at once, vLLM's inf)")
+            p.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
+        else:
+            p.add_argument("--batch-size", type=int)
+            p.add_argument("--num-iters-warmup", type=int)
+            p.add_argument("--num-iters", type=int)
+        p.add_argument("--candidates", nargs="+", action="extend",
+                       help="candidate ids or prefixes of the candidate variant (default: all that run inside vLLM)")
+        p.add_argument("--baseline", action="store_true", help="run only the baseline variant")
+        p.add_argument("--timeout-s", type=float, help="seconds per job (default 900)")
+        p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+        p.add_argument("--configfile", help="config file whose keys override config/config.yaml")
+        p.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores (default all)")
+        p.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
+        p.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command and rule details")
+        p.set_defaults(func=cmd_e2e)
 
     h = sub.add_parser("history", help="past runs recorded in MLflow; --compare two of them")
     h.add_argument("--tier", choices=["kernels", "e2e", "eval"], help="only this tier (default: all)")

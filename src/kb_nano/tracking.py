@@ -44,7 +44,7 @@ DIGEST_TAG = "kb_nano.digest"
 TAG_PREFIX = "kb_nano."
 CANDIDATE_TAG_PREFIX = "kb_nano.candidate."
 # Tier -> artifact path (inside the run) of the merged JSON whose "rows" --compare reads.
-ROWS_ARTIFACT = {"kernels": "results/kernels.json"}
+ROWS_ARTIFACT = {"kernels": "results/kernels.json", "e2e": "results/e2e.json"}
 MARKER = "results/mlflow/{tier}.json"  # output of the log rule of each tier
 MAX_PARAM_CHARS = 6000  # MLflow's param value limit
 MAX_TAG_CHARS = 8000  # MLflow's tag value limit
@@ -514,3 +514,144 @@ def log_kernels(
     if marker is not None:
         atomic_write_text(Path(marker), json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
+
+
+# ----------------------------------------------------------------------------- e2e (Tier 2)
+
+
+def e2e_candidate_hashes(rows: list[dict]) -> dict[str, str]:
+    """``{candidate id: SHA-256}`` from the rows' ``candidate_sha256`` JSON (the hash the
+    job measured)."""
+    out: dict[str, str] = {}
+    for r in rows:
+        out.update(json.loads(r.get("candidate_sha256") or "{}"))
+    return dict(sorted(out.items()))
+
+
+def e2e_metrics(rows: list[dict]) -> dict[str, float]:
+    """Metrics of an e2e result set (None values dropped): ``rows`` (= ``scenarios_run``),
+    ``ok``, ``failed``, ``pass_rate`` (ok / rows), ``geomean_speedup`` (over the ok
+    candidate-variant rows; what ``kb_nano history`` shows),
+    ``status/<status>`` counts, and per ok row ``<metric>/<model>/tp<tp>/<workload>/<variant>``
+    for ``total_tokens_per_s``, ``output_tokens_per_s``, ``requests_per_s`` (throughput),
+    ``avg_latency_ms``, ``p50_latency_ms``, ``p99_latency_ms`` (latency) and ``speedup``,
+    plus ``geomean_speedup/<variant>`` over the variant's ok rows (``+`` in a variant
+    name is a space in metric names: MLflow does not allow ``+``)."""
+    from kb_nano.merge import geomean
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    m: dict[str, float | None] = {
+        "rows": len(rows),
+        "scenarios_run": len(rows),
+        "ok": len(ok),
+        "failed": len(rows) - len(ok),
+        "pass_rate": len(ok) / len(rows) if rows else None,
+        "geomean_speedup": geomean(r.get("speedup") for r in ok if r["variant"] != "baseline"),
+    }
+    for status in sorted({r["status"] for r in rows}):
+        m[f"status/{status}"] = sum(r["status"] == status for r in rows)
+    keys = ("total_tokens_per_s", "output_tokens_per_s", "requests_per_s", "avg_latency_ms", "p50_latency_ms",
+            "p99_latency_ms", "speedup")
+    for r in ok:
+        where = f"{r['model']}/tp{r['tp']}/{r['workload']}/{r['variant']}"
+        for k in keys:
+            m[f"{k}/{where}"] = r.get(k)
+    for v in sorted({r["variant"] for r in rows}):
+        m[f"geomean_speedup/{v}"] = geomean(r.get("speedup") for r in ok if r["variant"] == v)
+    return {_metric_key(k): float(v) for k, v in m.items() if v is not None and math.isfinite(float(v))}
+
+
+def _metric_key(key: str) -> str:
+    """MLflow metric names allow letters, digits, ``_ - . / space``; a variant's ``+``
+    becomes `` `` (space), anything else disallowed becomes ``_``."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", key.replace("+", " "))
+
+
+def e2e_params(rows: list[dict], config: dict | None, root: Path) -> dict[str, str]:
+    """Run params of an e2e result set: config digest, models/TP/workloads/variants, the
+    engine settings, weights, versions (vLLM, torch as measured), git sha, device."""
+    e2e = (config or {}).get("e2e") or {}
+    return {
+        "config_digest": config_digest(config),
+        "models": _distinct(rows, "model"),
+        "tp": _distinct(rows, "tp"),
+        "workloads": _distinct(rows, "workload"),
+        "variants": _distinct(rows, "variant"),
+        "weights": _distinct(rows, "weights", "; "),
+        "dtype": _distinct(rows, "dtype"),
+        "max_model_len": _distinct(rows, "max_model_len"),
+        "enforce_eager": _distinct(rows, "enforce_eager"),
+        "seed": _distinct(rows, "seed"),
+        "timeout_s": str(e2e.get("timeout_s", "")),
+        "device": _distinct(rows, "device"),
+        "device_name": _distinct(rows, "device_name", "; ") or "none measured",
+        "vllm_version": _distinct(rows, "vllm_version") or "not installed",
+        "torch_version": _distinct(rows, "torch_version") or package_version("torch") or "not installed",
+        "kb_nano_version": _distinct(rows, "kb_nano_version") or kb_nano.__version__,
+        "git_sha": _distinct(rows, "git_sha") or git_sha(root) or "unknown",
+        "schema_version": _distinct(rows, "schema_version"),
+    }
+
+
+def log_e2e(
+    *,
+    parquet: Path,
+    json_path: Path,
+    tracking_uri: str,
+    root: Path,
+    config: dict | None = None,
+    marker: Path | None = None,
+) -> dict:
+    """Log the merged e2e results (``results/e2e.parquet`` + JSON) as one run of
+    ``kb_nano/e2e`` via :func:`log_run`, keyed by :func:`result_digest` of the rows and
+    the candidate hashes (same digest -> no new run). Artifacts: ``results/`` (Parquet,
+    JSON) and ``vllm/`` (each ok job's vLLM ``--output-json`` file). Writes the record to
+    ``marker`` (atomic) when given and returns it."""
+    from kb_nano.files import atomic_write_text
+
+    tier = "e2e"
+    rows = read_parquet_rows(parquet)
+    cands = e2e_candidate_hashes(rows)
+    digest = result_digest(tier, rows, None, cands)
+    tags = {
+        "kb_nano.candidates": ",".join(cands),
+        "kb_nano.models": ",".join(sorted({r["model"] for r in rows})),
+        "kb_nano.variants": ",".join(sorted({r["variant"] for r in rows})),
+        "kb_nano.rows_artifact": f"results/{Path(json_path).name}",
+        **{f"{CANDIDATE_TAG_PREFIX}{cid}": sha for cid, sha in cands.items()},
+    }
+    params = e2e_params(rows, config, root)
+    if params["git_sha"] != "unknown":
+        tags["mlflow.source.git.commit"] = params["git_sha"].split(",")[0].removesuffix("-dirty")
+    vllm_files = sorted({Path(r["vllm_json"]) for r in rows if r["status"] == "ok" and r.get("vllm_json")})
+    record = log_run(
+        tier=tier,
+        tracking_uri=tracking_uri,
+        digest=digest,
+        params=params,
+        metrics=e2e_metrics(rows),
+        tags=tags,
+        artifacts={"results": [Path(parquet), Path(json_path)], **_vllm_artifacts(vllm_files, root)},
+        run_name=f"{tier}-{digest[:12]}",
+    )
+    if marker is not None:
+        atomic_write_text(Path(marker), json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def _vllm_artifacts(files: list[Path], root: Path) -> dict[str, list[Path]]:
+    """vLLM JSON files grouped by artifact dir ``vllm/{model}/tp{tp}/{workload}`` (their
+    path under ``results/e2e``), so variants of one workload sit together."""
+    out: dict[str, list[Path]] = {}
+    for f in files:
+        full = f if f.is_absolute() else Path(root) / f
+        if not full.is_file():
+            continue
+        try:
+            rel = full.resolve().relative_to((Path(root) / "results/e2e").resolve()).parent
+        except ValueError:
+            rel = Path(".")
+        out.setdefault(str(Path("vllm") / rel), []).append(full)
+    return out

@@ -89,3 +89,95 @@ def golden_model_config(wildcards):
             f"use `kb_nano capture-golden --model {wildcards.model}`"
         )
     return str(ref.config_path)
+
+
+# ----------------------------------------------------------------------------- Tier 2 (e2e.smk)
+from kb_nano import e2e_plan
+from kb_nano.candidates import file_sha256 as candidate_sha256
+
+E2E_OUTPUT_JSON = config["e2e"]["output_json"]
+ENV_E2E = "../../envs/kb_nano_e2e.yaml"
+E2E_HARNESS = [
+    str(kbw.PACKAGE_DIR / f)
+    for f in (
+        "e2e_job.py",
+        "vllm_plugin.py",
+        "vllm_cli.py",
+        "workloads.py",
+        "candidates.py",
+        "schema.py",
+    )
+]
+
+
+@functools.lru_cache(maxsize=1)
+def e2e_setup():
+    """Device, models by key, workloads by name, variants of the configured e2e run."""
+    try:
+        device = e2e_plan.e2e_device(config)
+        models = {}
+        for spec in config["e2e"]["models"]:
+            m = e2e_plan.model(spec, Path("."), config["e2e"]["load_format"])
+            models[m.key] = m
+        works = {w.name: w for w in e2e_plan.workloads(config)}
+        variants = e2e_plan.variants(Path("."), config, device)
+    except KbNanoError as exc:
+        raise WorkflowError(f"kb-nano: {exc}") from None
+    return device, models, works, variants
+
+
+def e2e_shards(wildcards):
+    _, models, works, variants = e2e_setup()
+    return [
+        e2e_plan.shard_path(m, tp, w, v)
+        for m in models
+        for tp in config["e2e"]["tp"]
+        for w in works
+        for v in variants
+    ]
+
+
+def e2e_job_inputs(wildcards):
+    _, models, _, _ = e2e_setup()
+    model = models[wildcards.model]
+    return {
+        "candidates": [
+            str(c.path)
+            for c in e2e_plan.variant_candidates(wildcards.variant, Path("."))
+        ],
+        "model_config": str(model.path / "config.json"),
+        "harness": E2E_HARNESS,
+    }
+
+
+def e2e_params(wildcards):
+    device, models, works, _ = e2e_setup()
+    m = models[wildcards.model]
+    cands = e2e_plan.variant_candidates(wildcards.variant, Path("."))
+    e2e = config["e2e"]
+    return {
+        "model": {
+            "key": m.key,
+            "hub_id": m.hub_id,
+            "path": str(m.path),
+            "tokenizer": str(m.tokenizer),
+            "load_format": m.load_format,
+            "weights": m.weights,
+        },
+        "workload": works[wildcards.workload].params(),
+        "candidates": [
+            {"id": c.id, "path": str(Path(c.path).resolve())} for c in cands
+        ],
+        "engine": {
+            "dtype": e2e["dtype"],
+            "max_model_len": e2e["max_model_len"],
+            "enforce_eager": e2e["enforce_eager"],
+            "seed": e2e["seed"],
+            "device": device,
+            "timeout_s": e2e["timeout_s"],
+        },
+    }
+
+
+def e2e_gpus(wildcards):
+    return 0 if e2e_setup()[0] == "cpu" else int(wildcards.tp)

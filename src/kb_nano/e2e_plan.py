@@ -1,0 +1,199 @@
+"""Tier-2 job planning from the ``e2e`` config section (torch-free, Snakefile parse time).
+
+A job is model × TP × workload × variant (DESIGN.md). A variant is ``baseline`` (no
+candidate) or a candidate set, named by its ids joined with ``+`` (``/`` -> ``.``), e.g.
+``rms_norm.torch_fused+silu_and_mul.inplace``; the name spells the set, so editing one
+candidate reruns exactly the variants that contain it (its file is an input of those
+jobs only). ``e2e.candidates`` empty = every candidate that can run inside vLLM on the
+device (:func:`kb_nano.vllm_plugin.swappable`, ``supported_devices``) and whose target a
+configured model uses, one per target (the first by id when a target has several).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from kb_nano.candidates import CandidateRef, discover
+from kb_nano.errors import KbNanoError
+from kb_nano.models import resolve
+from kb_nano.workloads import Workload, from_dict
+
+BASELINE = "baseline"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+EMBEDDED_TOKENIZER = Path("config/models/kb-nano/tiny-llama")
+
+
+@dataclass(frozen=True)
+class E2EModel:
+    """A model of an e2e job: ``key`` (path wildcard), its directory (config.json, maybe
+    weights and tokenizer), and how vLLM loads it."""
+
+    key: str
+    hub_id: str | None
+    path: Path  # directory, relative to the root when vendored
+    load_format: str  # "dummy" (random weights) or vLLM's "auto"
+    tokenizer: Path  # directory holding the tokenizer files
+
+    @property
+    def weights(self) -> str:
+        """What the row says about weights."""
+        return "random (--load-format dummy)" if self.load_format == "dummy" else str(self.path)
+
+
+def model(spec: str, root: Path, load_format: str = "auto") -> E2EModel:
+    """Resolve ``spec`` (key, vendored Hub id, directory or config.json) for vLLM.
+
+    ``load_format`` ``auto``: the directory's weights when it holds ``*.safetensors`` /
+    ``*.bin`` / ``*.pt`` files, else random weights (``dummy``); ``dummy`` forces random.
+    The tokenizer is the directory's own, else the embedded tiny-Llama tokenizer
+    (token ids < 16384: enough for vLLM's random prompts on any vocabulary that size or larger).
+    Raises ``KbNanoError`` for an unknown model or an unknown load format."""
+    if load_format not in ("auto", "dummy"):
+        raise KbNanoError(f"e2e.load_format: {load_format!r} must be 'auto' or 'dummy'")
+    ref = resolve(spec, root)
+    directory = ref.config_path.parent
+    full = directory if directory.is_absolute() else root / directory
+    has_weights = any(p.suffix in WEIGHT_SUFFIXES for p in full.iterdir())
+    fmt = "auto" if load_format == "auto" and has_weights else "dummy"
+    tok = directory if any((full / f).is_file() for f in TOKENIZER_FILES) else EMBEDDED_TOKENIZER
+    return E2EModel(ref.key, ref.hub_id, directory, fmt, tok)
+
+
+def _supported_devices(path: Path) -> tuple[str, ...]:
+    """The candidate's ``supported_devices`` class attribute read from its source without
+    importing it (parse time stays torch-free); ``("cpu", "cuda")`` when absent."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return ("cpu", "cuda")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "supported_devices" for t in node.targets):
+            try:
+                return tuple(ast.literal_eval(node.value))
+            except ValueError:
+                break
+    return ("cpu", "cuda")
+
+
+def applicable(root: Path, device: str) -> tuple[list[CandidateRef], list[tuple[CandidateRef, str]]]:
+    """Split discovered candidates into those that can run inside vLLM on ``device``
+    (``cpu``/``cuda``) and ``(candidate, reason)`` for the rest."""
+    from kb_nano.vllm_plugin import swappable
+
+    ok, skipped = [], []
+    for c in discover(root):
+        can, why = swappable(c.target)
+        if not can:
+            skipped.append((c, f"not swappable into vLLM: {why}"))
+        elif device not in _supported_devices(root / c.path):
+            skipped.append((c, f"supports {', '.join(_supported_devices(root / c.path))}; this run is on {device}"))
+        else:
+            ok.append(c)
+    return ok, skipped
+
+
+def used_targets(root: Path, model_specs: list[str]) -> set[str]:
+    """Operators at least one of the models uses (each operator's ``applies_to`` on the
+    model's config facts; e.g. ``gelu_and_mul`` only for GeGLU models). Loads the configs
+    with transformers (called only when e2e jobs are planned, not at every parse)."""
+    from kb_nano import operators
+    from kb_nano.models import load_config, model_facts
+
+    used: set[str] = set()
+    for spec in model_specs:
+        ref = resolve(spec, root)
+        facts = model_facts(load_config(ref, root), ref)
+        used |= {name for name in operators.names() if operators.get(name).applies_to(facts)}
+    return used
+
+
+def candidate_set(root: Path, requested: list[str], device: str, model_specs: list[str] | None = None) -> list[CandidateRef]:
+    """The candidates of the non-baseline variant: ``requested`` ids/prefixes, or all
+    applicable (one per target, and with ``model_specs`` only targets those models use).
+    Raises ``KbNanoError`` for an id that matches nothing, a candidate that cannot be
+    swapped into vLLM (with the reason), or two of one target."""
+    ok, skipped = applicable(root, device)
+    if not requested:
+        used = used_targets(root, model_specs) if model_specs else None
+        chosen: dict[str, CandidateRef] = {}
+        for c in ok:
+            if used is None or c.target in used:
+                chosen.setdefault(c.target, c)
+        return sorted(chosen.values(), key=lambda c: c.id)
+    found = discover(root)
+    reasons = {c.id: why for c, why in skipped}
+    out: list[CandidateRef] = []
+    for want in requested:
+        hits = [c for c in found if c.id == want or c.id.startswith(want)]
+        if not hits:
+            raise KbNanoError(f"--candidates: {want!r} matches no candidates/{{target}}/{{name}}.py; "
+                              f"known: {', '.join(c.id for c in found)}")
+        for c in hits:
+            if c.id in reasons:
+                raise KbNanoError(f"--candidates: {c.id}: {reasons[c.id]}")
+            if c not in out:
+                out.append(c)
+    targets = [c.target for c in out]
+    dup = sorted({t for t in targets if targets.count(t) > 1})
+    if dup:
+        raise KbNanoError(f"--candidates: one variant takes one candidate per target; several for {', '.join(dup)}")
+    return sorted(out, key=lambda c: c.id)
+
+
+def variant_name(cands: list[CandidateRef]) -> str:
+    """``baseline`` for no candidates, else the ids joined by ``+`` with ``/`` -> ``.``."""
+    return "+".join(c.id.replace("/", ".") for c in cands) if cands else BASELINE
+
+
+def variant_candidates(name: str, root: Path) -> list[CandidateRef]:
+    """The candidates a variant name spells (inverse of :func:`variant_name`)."""
+    if name == BASELINE:
+        return []
+    by_id = {c.id: c for c in discover(root)}
+    out = []
+    for part in name.split("+"):
+        cid = part.replace(".", "/", 1)
+        if cid not in by_id:
+            raise KbNanoError(f"variant {name!r}: no candidate file for {cid}")
+        out.append(by_id[cid])
+    return out
+
+
+def workloads(config: dict) -> list[Workload]:
+    """The configured workloads (``e2e.workloads``), checked; raises ``KbNanoError``."""
+    items = [from_dict(w, where=f"e2e.workloads[{i}]") for i, w in enumerate(config["e2e"]["workloads"])]
+    names = [w.name for w in items]
+    if len(set(names)) != len(names):
+        raise KbNanoError("e2e.workloads: workload names must be unique")
+    return items
+
+
+def variants(root: Path, config: dict, device: str) -> list[str]:
+    """Variant names of the run: ``baseline`` plus the candidate set (unless
+    ``e2e.baseline_only`` or the set is empty)."""
+    e2e = config["e2e"]
+    out = [BASELINE]
+    if not e2e.get("baseline_only"):
+        cands = candidate_set(root, e2e.get("candidates") or [], device, e2e["models"])
+        if cands:
+            out.append(variant_name(cands))
+    return out
+
+
+def shard_path(model_key: str, tp: int, workload: str, variant: str) -> str:
+    """Output shard of one e2e job (DESIGN.md data flow)."""
+    return f"results/e2e/{model_key}/tp{tp}/{workload}/{variant}.parquet"
+
+
+def e2e_device(config: dict) -> str:
+    """``cpu`` or ``cuda`` for the e2e jobs: ``e2e.device`` (auto = cuda when an NVIDIA GPU
+    is visible, else cpu)."""
+    device = config["e2e"].get("device", "auto")
+    if device != "auto":
+        return device
+    from kb_nano.cli import visible_gpus
+
+    return "cuda" if visible_gpus() else "cpu"

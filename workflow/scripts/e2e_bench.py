@@ -1,0 +1,17 @@
+"""Snakemake adapter: one model x TP x workload x variant -> vLLM benchmark row (see kb_nano.e2e_job)."""
+
+from kb_nano.candidates import file_sha256
+from kb_nano.e2e_job import run
+
+job = snakemake.params.job
+run(
+    model=job["model"],
+    tp=int(snakemake.wildcards.tp),
+    workload=job["workload"],
+    variant=snakemake.wildcards.variant,
+    candidates=[{**c, "sha256": file_sha256(c["path"])} for c in job["candidates"]],
+    engine=job["engine"],
+    output=snakemake.output.shard,
+    vllm_json=snakemake.output.json,
+    log=snakemake.log[0],
+)
