@@ -19,6 +19,7 @@ include: "workflow/rules/golden.smk"
 include: "workflow/rules/kernels.smk"
 include: "workflow/rules/tracking.smk"
 include: "workflow/rules/e2e.smk"
+include: "workflow/rules/eval.smk"
 
 
 rule all:

@@ -283,6 +283,18 @@ def _shape_text(spec: dict) -> str:
     return f"{spec['name']}[{', '.join(dims)}]"
 
 
+def _print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> None:
+    """Say which MLflow run the tier's log rule recorded (new, existing, or unchanged)."""
+    if not (root / marker).is_file():
+        return
+    rec = json.loads((root / marker).read_text())
+    if (root / marker).stat().st_mtime_ns == marker_before:
+        how = "nothing changed since run"
+    else:
+        how = "new run" if rec["created"] else "inputs unchanged, existing run"
+    print(f"MLflow: {how} {rec['run_id']} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
+
+
 def cmd_kernels(args, passthrough: list[str]) -> int:
     """``kb_nano kernels``: run the Tier-1 DAG and print the merged table."""
     root = find_workflow_root()
@@ -317,13 +329,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     print_kernels(doc["rows"], doc["summary"])
     print(f"results: {root / 'results/kernels.parquet'}, {root / output_json}")
     failed = [r for r in doc["rows"] if r["status"] not in ("passed", "skipped")]
-    if (root / marker).is_file():
-        rec = json.loads((root / marker).read_text())
-        if (root / marker).stat().st_mtime_ns == marker_before:
-            how = "nothing changed since run"
-        else:
-            how = "new run" if rec["created"] else "inputs unchanged, existing run"
-        print(f"MLflow: {how} {rec['run_id']} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
+    _print_mlflow_record(root, marker, marker_before)
     if args.fail_on_error and failed:
         print(f"error: {len(failed)} row(s) neither passed nor skipped (--fail-on-error)", file=sys.stderr)
         return 1
@@ -472,13 +478,55 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
     print_e2e(doc["rows"])
     print(f"results: {root / 'results/e2e.parquet'}, {root / output_json}; vLLM's JSON per job under "
           f"{root / 'results/e2e'}")
-    if (root / marker).is_file():
-        rec = json.loads((root / marker).read_text())
-        if (root / marker).stat().st_mtime_ns == marker_before:
-            how = "nothing changed since run"
-        else:
-            how = "new run" if rec["created"] else "inputs unchanged, existing run"
-        print(f"MLflow: {how} {rec['run_id']} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
+    _print_mlflow_record(root, marker, marker_before)
+    return 0
+
+
+def cmd_eval(args, passthrough: list[str]) -> int:
+    """``kb_nano eval``: the standardized Tier-3 sweep (fixed workloads x model x TP x
+    {baseline, candidates}, kb_nano.eval_plan) through Snakemake; prints the per-workload
+    candidate/baseline ratios with their spread."""
+    from kb_nano import eval_plan
+    from kb_nano.tracking import marker_path
+    from kb_nano.vllm_cli import vllm_version
+
+    root = find_workflow_root()
+    base = _base_config(root, args.configfile)
+    ev = {**_read_yaml(root / DEFAULT_CONFIG).get("eval", {}), **(base.get("eval") or {})}
+    if args.model:
+        ev["models"] = [str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m for m in args.model]
+    for flag, key in (("tp", "tp"), ("category", "categories"), ("candidate", "candidates")):
+        if getattr(args, flag):
+            ev[key] = getattr(args, flag)
+    for flag in ("num_prompts", "gpu_pool", "seed", "output_json", "device", "timeout_s"):
+        if getattr(args, flag) is not None:
+            ev[flag] = getattr(args, flag)
+    if args.smoke:
+        ev["smoke"] = True
+    plan = eval_plan.plan(root, {**base, "eval": ev})  # one-line errors before Snakemake starts
+    if not args.dry_run and vllm_version() is None:
+        raise KbNanoError("vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
+                          "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)")
+    preflight(root, base, {"eval": ev}, args.configfile or str(DEFAULT_CONFIG))
+    for key, tp, why in plan["skipped"]:
+        print(f"skip {key} tp={tp}: {why}", file=sys.stderr)
+    if plan["device"] == "cuda" and "--resources" not in passthrough:
+        passthrough = [*passthrough, "--resources", f"gpu={ev['gpu_pool']}"]
+    marker = marker_path("eval")
+    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    code = run_snakemake(root, ["results/eval.parquet", ev["output_json"], marker], {"eval": ev}, args, passthrough)
+    if code != 0:
+        print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
+              f"{root / 'results/eval'}; see the messages above", file=sys.stderr)
+        return code
+    if args.dry_run:
+        return 0
+    from kb_nano.table import print_eval
+
+    doc = json.loads((root / ev["output_json"]).read_text())
+    print_eval(doc)
+    print(f"results: {root / 'results/eval.parquet'}, {root / ev['output_json']}")
+    _print_mlflow_record(root, marker, marker_before)
     return 0
 
 
@@ -717,6 +765,28 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
         p.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command and rule details")
         p.set_defaults(func=cmd_e2e)
+
+    v = sub.add_parser("eval", help="Tier 3: standardized workloads x model x TP, baseline vs candidates (vLLM)")
+    v.add_argument("--model", nargs="+", action="extend",
+                   help="models (default: the configured models the candidates apply to; --smoke: the tiny Llama)")
+    v.add_argument("--tp", "--tensor-parallel-size", dest="tp", nargs="+", action="extend", type=int,
+                   help="tensor-parallel degrees (default 1 4)")
+    v.add_argument("--category", nargs="+", action="extend", help="operator categories of the candidates (default all)")
+    v.add_argument("--candidate", "--candidates", dest="candidate", nargs="+", action="extend",
+                   help="candidate ids (default: every candidate vLLM can run, one per target)")
+    v.add_argument("--num-prompts", type=int, help="prompts per throughput workload (default 1000)")
+    v.add_argument("--gpu-pool", type=int, help="GPUs the sweep may use at once (default 8)")
+    v.add_argument("--seed", type=int, help="vLLM --seed (default 42)")
+    v.add_argument("--output-json", help="merged JSON (default results/eval.json)")
+    v.add_argument("--smoke", action="store_true",
+                   help="CPU smoke run: lengths / 16, 16 prompts, 1+3 latency iterations (recorded in every row)")
+    v.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto (default) | cpu | cuda")
+    v.add_argument("--timeout-s", type=float, help="seconds per job (default 3600)")
+    v.add_argument("--configfile", help="config file whose keys override config/config.yaml")
+    v.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores (default all)")
+    v.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
+    v.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command")
+    v.set_defaults(func=cmd_eval)
 
     h = sub.add_parser("history", help="past runs recorded in MLflow; --compare two of them")
     h.add_argument("--tier", choices=["kernels", "e2e", "eval"], help="only this tier (default: all)")

@@ -129,11 +129,45 @@ def summarize_e2e(rows: list[dict]) -> dict:
     }
 
 
-def merge_e2e(shards: list[Path], parquet_out: Path, json_out: Path) -> list[dict]:
-    """Merge e2e shards into ``results/e2e.parquet`` and a JSON document
-    ``{schema_version, tier: "e2e", summary, rows}`` (both atomic), filling ``speedup`` of
-    every row from the baseline row of its model/TP/workload (:func:`e2e_speedup`). A
-    shard that cannot be read raises ``ValueError`` naming it (delete it and rerun).
+def summarize_eval(rows: list[dict]) -> dict:
+    """Per eval workload, the candidate/baseline ratio (``speedup``: tokens/s ratio for
+    throughput, baseline / candidate average latency for latency) over its (model, TP)
+    pairs: ``geomean``, ``min``, ``max`` (the spread across models and TPs), ``n`` pairs
+    measured, ``n_failed`` candidate rows without a ratio, and for latency workloads the
+    per-pair ratio of the p25 and p75 latencies ``[p75_base / p75_cand, p25_base / p25_cand]``
+    (the spread within runs) as ``iqr_ratio`` ``[lowest, highest]`` over the pairs."""
+    out: dict[str, dict] = {}
+    by_key = {(r["model"], r["tp"], r["workload"], r["variant"] == "baseline"): r for r in rows}
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        cands = [r for r in rows if r["workload"] == workload and r["variant"] != "baseline" and r["status"] != "skipped"]
+        ratios = [r["speedup"] for r in cands if r.get("speedup")]
+        entry = {
+            "kind": cands[0]["kind"] if cands else None,
+            "n": len(ratios),
+            "n_failed": len(cands) - len(ratios),
+            "geomean": geomean(ratios),
+            "min": min(ratios) if ratios else None,
+            "max": max(ratios) if ratios else None,
+        }
+        if entry["kind"] == "latency":
+            spans = []
+            for r in cands:
+                b = by_key.get((r["model"], r["tp"], workload, True))
+                if r.get("speedup") and b and all(x.get(k) for x in (r, b) for k in ("p25_latency_ms", "p75_latency_ms")):
+                    spans += [b["p75_latency_ms"] / r["p75_latency_ms"], b["p25_latency_ms"] / r["p25_latency_ms"]]
+            entry["iqr_ratio"] = [min(spans), max(spans)] if spans else None
+        out[workload] = entry
+    return out
+
+
+def merge_e2e(shards: list[Path], parquet_out: Path, json_out: Path, tier: str = "e2e",
+              skipped: list[dict] | None = None) -> list[dict]:
+    """Merge e2e (or eval) shards into ``results/{tier}.parquet`` and a JSON document
+    ``{schema_version, tier, summary, rows}`` (both atomic), filling ``speedup`` of
+    every row from the baseline row of its model/TP/workload (:func:`e2e_speedup`).
+    ``skipped``: rows of jobs that were not run (``skipped`` status, ``error`` = why), kept
+    in the result. For ``eval`` the summary adds ``per_workload`` (:func:`summarize_eval`).
+    A shard that cannot be read raises ``ValueError`` naming it (delete it and rerun).
     Returns the rows sorted by model, tp, workload, variant (baseline first)."""
     import pyarrow as pa
 
@@ -145,12 +179,18 @@ def merge_e2e(shards: list[Path], parquet_out: Path, json_out: Path) -> list[dic
             rows += read_e2e_rows([Path(path)]).to_pylist()
         except (OSError, pa.ArrowException) as exc:
             raise ValueError(f"shard {path} is unreadable ({' '.join(str(exc).split())[:200]}); delete it and rerun") from None
+    from kb_nano.schema import make_e2e_row
+
+    rows += [make_e2e_row(**r) for r in skipped or []]
     base = {(r["model"], r["tp"], r["workload"]): r for r in rows if r["variant"] == "baseline"}
     for r in rows:
         r["speedup"] = e2e_speedup(r, base.get((r["model"], r["tp"], r["workload"])))
     rows.sort(key=lambda r: (r["model"], r["tp"], r["workload"], r["variant"] != "baseline", r["variant"]))
     write_table(e2e_table(rows), parquet_out)
     clean = json_rows(rows)
-    doc = {"schema_version": E2E_SCHEMA_VERSION, "tier": "e2e", "summary": summarize_e2e(clean), "rows": clean}
+    summary = summarize_e2e(clean)
+    if tier == "eval":
+        summary["per_workload"] = summarize_eval(clean)
+    doc = {"schema_version": E2E_SCHEMA_VERSION, "tier": tier, "summary": summary, "rows": clean}
     atomic_write_text(Path(json_out), json.dumps(doc, indent=1, allow_nan=False) + "\n")
     return rows

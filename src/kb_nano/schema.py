@@ -147,6 +147,7 @@ E2E_STATUSES = (
     "candidate_error",  # a candidate failed to import, construct or run inside the engine
     "timeout",  # the job ran past e2e.timeout_s; every process of the job was killed
     "crashed",  # the benchmark process was killed by a signal (e.g. out of memory)
+    "skipped",  # not run (eval: a TP above the device pool or not dividing the heads); error = why
 )
 
 E2E_SCHEMA = pa.schema(

@@ -169,3 +169,40 @@ def print_e2e(rows: list[dict], console: Console | None = None) -> None:
     for weights in sorted({r["weights"] for r in rows if r.get("weights")}):
         models = sorted({r["model"] for r in rows if r.get("weights") == weights})
         console.print(f"weights of {', '.join(models)}: {weights}")
+
+
+def eval_summary_table(summary: dict, rows: list[dict]) -> Table:
+    """One line per eval workload: kind, vLLM settings, (model, TP) pairs measured, the
+    candidate/baseline ratio (geometric mean over the pairs; >1 = the candidates are
+    faster), its spread over the pairs (min-max) and, for latency workloads, the ratio of
+    the p75 and p25 latencies (spread within the runs); failed candidate rows."""
+    import json
+
+    table = Table(title="kb-nano eval: candidate / baseline per workload")
+    for col in ("workload", "kind", "settings", "pairs", "ratio (geomean)", "spread min-max", "p75..p25 ratio", "failed"):
+        table.add_column(col, justify="left" if col in ("workload", "kind", "settings") else "right")
+    params = {r["workload"]: json.loads(r.get("workload_params") or "{}") for r in rows}
+    for workload, s in summary.items():
+        p = params.get(workload, {})
+        settings = ", ".join(f"{k} {v}" for k, v in p.items() if k not in ("name", "kind", "dataset_name"))
+        spread = f"{s['min']:.3f}-{s['max']:.3f}" if s.get("min") is not None else "-"
+        iqr = s.get("iqr_ratio")
+        table.add_row(
+            escape(workload), s.get("kind") or "-", escape(settings), str(s["n"]),
+            _num(s.get("geomean"), ".3f") + ("x" if s.get("geomean") is not None else ""),
+            spread, f"{iqr[0]:.3f}-{iqr[1]:.3f}" if iqr else "-", str(s["n_failed"]),
+        )
+    return table
+
+
+def print_eval(doc: dict, console: Console | None = None) -> None:
+    """Print an eval result document: the per-job tables (:func:`print_e2e`), the skipped
+    (model, TP) pairs with the reason, and the per-workload summary."""
+    console = console or make_console()
+    rows = doc["rows"]
+    run = [r for r in rows if r["status"] != "skipped"]
+    if run:
+        print_e2e(run, console)
+    for r in {(r["model"], r["tp"], r["error"]) for r in rows if r["status"] == "skipped"}:
+        console.print(f"skipped {r[0]} tp={r[1]}: {escape(r[2] or '')}")
+    console.print(eval_summary_table(doc["summary"]["per_workload"], rows))

@@ -44,7 +44,7 @@ DIGEST_TAG = "kb_nano.digest"
 TAG_PREFIX = "kb_nano."
 CANDIDATE_TAG_PREFIX = "kb_nano.candidate."
 # Tier -> artifact path (inside the run) of the merged JSON whose "rows" --compare reads.
-ROWS_ARTIFACT = {"kernels": "results/kernels.json", "e2e": "results/e2e.json"}
+ROWS_ARTIFACT = {"kernels": "results/kernels.json", "e2e": "results/e2e.json", "eval": "results/eval.json"}
 MARKER = "results/mlflow/{tier}.json"  # output of the log rule of each tier
 MAX_PARAM_CHARS = 6000  # MLflow's param value limit
 MAX_TAG_CHARS = 8000  # MLflow's tag value limit
@@ -603,15 +603,15 @@ def log_e2e(
     root: Path,
     config: dict | None = None,
     marker: Path | None = None,
+    tier: str = "e2e",
 ) -> dict:
-    """Log the merged e2e results (``results/e2e.parquet`` + JSON) as one run of
-    ``kb_nano/e2e`` via :func:`log_run`, keyed by :func:`result_digest` of the rows and
+    """Log the merged e2e (or, with ``tier="eval"``, eval) results (``results/{tier}.parquet``
+    + JSON) as one run of ``kb_nano/{tier}`` via :func:`log_run`, keyed by :func:`result_digest` of the rows and
     the candidate hashes (same digest -> no new run). Artifacts: ``results/`` (Parquet,
     JSON) and ``vllm/`` (each ok job's vLLM ``--output-json`` file). Writes the record to
     ``marker`` (atomic) when given and returns it."""
     from kb_nano.files import atomic_write_text
 
-    tier = "e2e"
     rows = read_parquet_rows(parquet)
     cands = e2e_candidate_hashes(rows)
     digest = result_digest(tier, rows, None, cands)
@@ -623,6 +623,11 @@ def log_e2e(
         **{f"{CANDIDATE_TAG_PREFIX}{cid}": sha for cid, sha in cands.items()},
     }
     params = e2e_params(rows, config, root)
+    if tier == "eval":
+        ev = (config or {}).get("eval") or {}
+        params.update({"smoke": str(bool(ev.get("smoke"))), "num_prompts": str(ev.get("num_prompts", "")),
+                       "gpu_pool": str(ev.get("gpu_pool", ""))})
+        tags["kb_nano.smoke"] = params["smoke"]
     if params["git_sha"] != "unknown":
         tags["mlflow.source.git.commit"] = params["git_sha"].split(",")[0].removesuffix("-dirty")
     vllm_files = sorted({Path(r["vllm_json"]) for r in rows if r["status"] == "ok" and r.get("vllm_json")})

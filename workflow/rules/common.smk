@@ -92,10 +92,11 @@ def golden_model_config(wildcards):
 
 
 # ----------------------------------------------------------------------------- Tier 2 (e2e.smk)
-from kb_nano import e2e_plan
+from kb_nano import e2e_plan, eval_plan
 from kb_nano.candidates import file_sha256 as candidate_sha256
 
 E2E_OUTPUT_JSON = config["e2e"]["output_json"]
+EVAL_OUTPUT_JSON = config["eval"]["output_json"]
 ENV_E2E = "../../envs/kb_nano_e2e.yaml"
 E2E_HARNESS = [
     str(kbw.PACKAGE_DIR / f)
@@ -110,36 +111,65 @@ E2E_HARNESS = [
 ]
 
 
-@functools.lru_cache(maxsize=1)
-def e2e_setup():
-    """Device, models by key, workloads by name, variants of the configured e2e run."""
+@functools.lru_cache(maxsize=2)
+def tier_plan(tier):
+    """The jobs of an end-to-end tier (``e2e`` from the ``e2e`` config section, ``eval``
+    from ``eval`` with its fixed workloads, kb_nano.eval_plan): device, models by key,
+    workloads by name, variants, the TPs each model runs, skipped (model, tp, reason)
+    and the engine settings."""
     try:
+        if tier == "eval":
+            plan = eval_plan.plan(Path("."), config)
+            ev = config["eval"]
+            plan["engine"] = {
+                "dtype": "auto",
+                "max_model_len": plan["max_model_len"],
+                # CUDA graphs as vLLM serves by default; eager only for CPU smoke runs
+                "enforce_eager": bool(ev["smoke"]),
+                "seed": ev["seed"],
+                "device": plan["device"],
+                "timeout_s": ev["timeout_s"],
+            }
+            return plan
+        e2e = config["e2e"]
         device = e2e_plan.e2e_device(config)
         models = {}
-        for spec in config["e2e"]["models"]:
-            m = e2e_plan.model(spec, Path("."), config["e2e"]["load_format"])
+        for spec in e2e["models"]:
+            m = e2e_plan.model(spec, Path("."), e2e["load_format"])
             models[m.key] = m
-        works = {w.name: w for w in e2e_plan.workloads(config)}
-        variants = e2e_plan.variants(Path("."), config, device)
+        return {
+            "device": device,
+            "models": models,
+            "workloads": {w.name: w for w in e2e_plan.workloads(config)},
+            "variants": e2e_plan.variants(Path("."), config, device),
+            "tps": {key: list(e2e["tp"]) for key in models},
+            "skipped": [],
+            "engine": {
+                "dtype": e2e["dtype"],
+                "max_model_len": e2e["max_model_len"],
+                "enforce_eager": e2e["enforce_eager"],
+                "seed": e2e["seed"],
+                "device": device,
+                "timeout_s": e2e["timeout_s"],
+            },
+        }
     except KbNanoError as exc:
         raise WorkflowError(f"kb-nano: {exc}") from None
-    return device, models, works, variants
 
 
-def e2e_shards(wildcards):
-    _, models, works, variants = e2e_setup()
+def tier_shards(tier):
+    plan = tier_plan(tier)
     return [
-        e2e_plan.shard_path(m, tp, w, v)
-        for m in models
-        for tp in config["e2e"]["tp"]
-        for w in works
-        for v in variants
+        f"results/{tier}/{m}/tp{tp}/{w}/{v}.parquet"
+        for m in plan["models"]
+        for tp in plan["tps"][m]
+        for w in plan["workloads"]
+        for v in plan["variants"]
     ]
 
 
 def e2e_job_inputs(wildcards):
-    _, models, _, _ = e2e_setup()
-    model = models[wildcards.model]
+    model = tier_plan(wildcards.tier)["models"][wildcards.model]
     return {
         "candidates": [
             str(c.path)
@@ -151,10 +181,9 @@ def e2e_job_inputs(wildcards):
 
 
 def e2e_params(wildcards):
-    device, models, works, _ = e2e_setup()
-    m = models[wildcards.model]
+    plan = tier_plan(wildcards.tier)
+    m = plan["models"][wildcards.model]
     cands = e2e_plan.variant_candidates(wildcards.variant, Path("."))
-    e2e = config["e2e"]
     return {
         "model": {
             "key": m.key,
@@ -164,20 +193,36 @@ def e2e_params(wildcards):
             "load_format": m.load_format,
             "weights": m.weights,
         },
-        "workload": works[wildcards.workload].params(),
+        "workload": plan["workloads"][wildcards.workload].params(),
         "candidates": [
             {"id": c.id, "path": str(Path(c.path).resolve())} for c in cands
         ],
-        "engine": {
-            "dtype": e2e["dtype"],
-            "max_model_len": e2e["max_model_len"],
-            "enforce_eager": e2e["enforce_eager"],
-            "seed": e2e["seed"],
-            "device": device,
-            "timeout_s": e2e["timeout_s"],
-        },
+        "engine": plan["engine"],
     }
 
 
 def e2e_gpus(wildcards):
-    return 0 if e2e_setup()[0] == "cpu" else int(wildcards.tp)
+    return 0 if tier_plan(wildcards.tier)["device"] == "cpu" else int(wildcards.tp)
+
+
+def eval_skipped_rows():
+    """One ``skipped`` row per workload x variant of every (model, TP) the eval plan skips."""
+    plan = tier_plan("eval")
+    return [
+        {
+            "model": key,
+            "hub_id": plan["models"][key].hub_id,
+            "tp": tp,
+            "workload": w.name,
+            "kind": w.kind,
+            "workload_params": json.dumps(w.params(), sort_keys=True),
+            "variant": variant,
+            "candidates": "" if variant == "baseline" else variant.replace("+", ",").replace(".", "/"),
+            "status": "skipped",
+            "error": reason,
+            "device": plan["device"],
+        }
+        for key, tp, reason in plan["skipped"]
+        for w in plan["workloads"].values()
+        for variant in plan["variants"]
+    ]

@@ -4,15 +4,18 @@
 # Job planning helpers (input functions): workflow/rules/common.smk.
 
 
+# One job per model x TP x workload x variant of Tier 2 (tier "e2e") and of the Tier-3 eval
+# sweep (tier "eval", workflow/rules/eval.smk): the same measurement, other workloads.
 rule e2e_bench:
     input:
         unpack(e2e_job_inputs),
     output:
-        shard="results/e2e/{model}/tp{tp}/{workload}/{variant}.parquet",
-        json="results/e2e/{model}/tp{tp}/{workload}/{variant}.json",
+        shard="results/{tier}/{model}/tp{tp}/{workload}/{variant}.parquet",
+        json="results/{tier}/{model}/tp{tp}/{workload}/{variant}.json",
     log:
-        "results/logs/e2e/{model}/tp{tp}/{workload}/{variant}.log",
+        "results/logs/{tier}/{model}/tp{tp}/{workload}/{variant}.log",
     wildcard_constraints:
+        tier="e2e|eval",
         model="[A-Za-z0-9_.-]+",
         tp="[0-9]+",
         workload="[A-Za-z0-9_.+-]+",
@@ -31,7 +34,7 @@ rule e2e_bench:
 
 rule merge_e2e:
     input:
-        shards=e2e_shards,
+        shards=lambda wildcards: tier_shards("e2e"),
     output:
         parquet="results/e2e.parquet",
         json=E2E_OUTPUT_JSON,
@@ -40,6 +43,9 @@ rule merge_e2e:
     localrule: True
     conda:
         ENV
+    params:
+        tier="e2e",
+        skipped=[],
     script:
         "../scripts/merge_e2e.py"
 

@@ -27,7 +27,7 @@ with open(snakemake.log[0], "w") as log:
                 plots=[Path(p) for p in snakemake.input.plots],
             )
         else:
-            record = log_e2e(**common)
+            record = log_e2e(**common, tier=tier)
     except KbNanoError as exc:
         print(f"error: {exc}", file=log)
         print(f"kb-nano error: {exc}", file=sys.stderr)

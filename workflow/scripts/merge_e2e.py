@@ -1,9 +1,16 @@
-"""Snakemake adapter: merge e2e shards into results/e2e.parquet and the JSON (kb_nano.merge.merge_e2e)."""
+"""Snakemake adapter: merge e2e/eval shards into results/{tier}.parquet and the JSON (kb_nano.merge.merge_e2e)."""
 
 from pathlib import Path
 
 from kb_nano.merge import merge_e2e
 
-rows = merge_e2e([Path(p) for p in snakemake.input.shards], Path(snakemake.output.parquet), Path(snakemake.output.json))
+tier = snakemake.params.tier
+rows = merge_e2e(
+    [Path(p) for p in snakemake.input.shards],
+    Path(snakemake.output.parquet),
+    Path(snakemake.output.json),
+    tier=tier,
+    skipped=list(snakemake.params.skipped),
+)
 with open(snakemake.log[0], "w") as log:
-    print(f"merged {len(snakemake.input.shards)} e2e shards = {len(rows)} rows", file=log)
+    print(f"merged {len(snakemake.input.shards)} {tier} shards + {len(snakemake.params.skipped)} skipped = {len(rows)} rows", file=log)

@@ -1,0 +1,202 @@
+"""Tier 3: the standardized eval sweep — fixed workloads × model × TP × {baseline, candidates}.
+
+The workloads are fixed so numbers from different runs, people and machines compare
+(they cannot be edited in the config; only ``--num-prompts`` and the explicit, recorded
+``--smoke`` change them):
+
+======================  ==========  =====================================================
+workload                kind        vLLM settings
+======================  ==========  =====================================================
+``prefill-heavy``       throughput  ``--random-input-len 1024 --random-output-len 512``
+``balanced``            throughput  ``--random-input-len 512 --random-output-len 512``
+``decode-heavy``        throughput  ``--random-input-len 512 --random-output-len 1024``
+``single-request``      latency     ``--batch-size 1 --input-len 128 --output-len 128``
+``fixed-batch-32``      latency     ``--batch-size 32 --input-len 128 --output-len 128``
+======================  ==========  =====================================================
+
+Throughput workloads use ``--num-prompts`` (default 1000) and ``--random-range-ratio 0``;
+latency workloads vLLM's own defaults of ``--num-iters-warmup 10 --num-iters 30``.
+``--smoke`` (for a CPU) divides every length by :data:`SMOKE_LENGTH_DIVISOR`, runs
+:data:`SMOKE_NUM_PROMPTS` prompts and 1 + 3 latency iterations, and appends ``.smoke``
+to the workload names, so smoke rows never mix with real ones; the rows' workload
+parameters record the settings used.
+
+Every (model, TP, workload) is a baseline job and a candidate job (two Snakemake jobs, two
+processes, :mod:`kb_nano.e2e_job`). A TP that exceeds the device pool (``--gpu-pool``; 1 on
+a CPU, where vLLM runs one engine) or that does not divide the model's attention heads is
+not run: it becomes a ``skipped`` row with the reason. Torch-free (Snakefile parse time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from kb_nano.errors import KbNanoError
+from kb_nano.workloads import Workload
+
+EVAL_WORKLOADS = (
+    Workload(name="prefill-heavy", kind="throughput", random_input_len=1024, random_output_len=512, num_prompts=1000),
+    Workload(name="balanced", kind="throughput", random_input_len=512, random_output_len=512, num_prompts=1000),
+    Workload(name="decode-heavy", kind="throughput", random_input_len=512, random_output_len=1024, num_prompts=1000),
+    Workload(name="single-request", kind="latency", input_len=128, output_len=128, batch_size=1,
+             num_iters_warmup=10, num_iters=30),
+    Workload(name="fixed-batch-32", kind="latency", input_len=128, output_len=128, batch_size=32,
+             num_iters_warmup=10, num_iters=30),
+)
+DEFAULT_NUM_PROMPTS = 1000
+SMOKE_LENGTH_DIVISOR = 16
+SMOKE_NUM_PROMPTS = 16
+SMOKE_SUFFIX = ".smoke"
+# The model of a smoke run when --model is not given: the embedded tiny Llama of Tier 2.
+SMOKE_MODEL = "config/models/kb-nano/tiny-llama"
+
+
+def workloads(num_prompts: int = DEFAULT_NUM_PROMPTS, smoke: bool = False) -> list[Workload]:
+    """The fixed eval workloads. ``num_prompts`` below :data:`DEFAULT_NUM_PROMPTS` needs
+    ``smoke`` (raises ``KbNanoError``): a real eval is never silently scaled down."""
+    if num_prompts < 1:
+        raise KbNanoError(f"--num-prompts: {num_prompts} must be positive")
+    if num_prompts < DEFAULT_NUM_PROMPTS and not smoke:
+        raise KbNanoError(f"--num-prompts {num_prompts}: fewer than the standard {DEFAULT_NUM_PROMPTS} prompts "
+                          "only with --smoke (which is recorded in every row)")
+    out = []
+    for w in EVAL_WORKLOADS:
+        if not smoke:
+            out.append(replace(w, num_prompts=num_prompts) if w.kind == "throughput" else w)
+            continue
+        d = SMOKE_LENGTH_DIVISOR
+        out.append(replace(
+            w,
+            name=w.name + SMOKE_SUFFIX,
+            input_len=max(1, w.input_len // d),
+            output_len=max(1, w.output_len // d),
+            random_input_len=max(1, w.random_input_len // d),
+            random_output_len=max(1, w.random_output_len // d),
+            num_prompts=num_prompts if num_prompts != DEFAULT_NUM_PROMPTS else SMOKE_NUM_PROMPTS,
+            num_iters_warmup=1,
+            num_iters=3,
+        ))
+    return out
+
+
+def max_model_len(works: list[Workload]) -> int:
+    """The longest sequence any workload needs (prompt + generated tokens)."""
+    return max((w.random_input_len + w.random_output_len) if w.kind != "latency" else (w.input_len + w.output_len)
+               for w in works)
+
+
+def tp_skip_reason(tp: int, pool: int, device: str, heads: int, kv_heads: int) -> str | None:
+    """Why ``tp`` cannot run (None when it can): more devices than the pool, or a degree that
+    does not divide the attention heads (vLLM requires it) or exceeds them."""
+    if tp > pool:
+        where = "one CPU engine (vLLM on a CPU runs at tp 1 here)" if device == "cpu" else f"--gpu-pool {pool}"
+        return f"tp={tp} needs {tp} devices; the pool is {where}"
+    if tp > heads or heads % tp:
+        return f"tp={tp} does not divide num_attention_heads={heads}"
+    if kv_heads % tp and tp % kv_heads:
+        return f"tp={tp} neither divides nor is a multiple of num_key_value_heads={kv_heads}"
+    return None
+
+
+def model_heads(config_path: Path) -> tuple[int, int]:
+    """``(num_attention_heads, num_key_value_heads)`` from a config.json (no transformers)."""
+    import json
+
+    cfg = json.loads(Path(config_path).read_text())
+    heads = int(cfg["num_attention_heads"])
+    return heads, int(cfg.get("num_key_value_heads") or heads)
+
+
+def device(config: dict) -> str:
+    """``cpu`` or ``cuda``: ``eval.device`` (auto = cuda when an NVIDIA GPU is visible)."""
+    from kb_nano.e2e_plan import e2e_device
+
+    return e2e_device({"e2e": {"device": config["eval"].get("device", "auto")}})
+
+
+def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
+    """The candidate variant's candidates: ``eval.candidates`` (or every candidate vLLM can
+    run on ``dev``, one per target the models use), narrowed to ``eval.categories``.
+    Raises ``KbNanoError`` when nothing is left or a category is unknown."""
+    from kb_nano import operators
+    from kb_nano.e2e_plan import candidate_set
+
+    ev = config["eval"]
+    cands = candidate_set(root, ev.get("candidates") or [], dev, model_specs)
+    cats = ev.get("categories") or []
+    known = {e.category for e in operators.CATALOG.values()}
+    for cat in cats:
+        if cat not in known:
+            raise KbNanoError(f"eval.categories: unknown category {cat!r}; known: {', '.join(sorted(known))}")
+    if cats:
+        cands = [c for c in cands if operators.CATALOG[c.target].category in cats]
+    if not cands:
+        raise KbNanoError("eval: no candidate that vLLM can run matches the models, --candidates and --category; "
+                          "see `kb_nano kernels --list` and the Tier 2 section of the README for swappable targets")
+    return cands
+
+
+def default_models(root: Path, config: dict, dev: str) -> list[str]:
+    """``eval.models``, else (smoke) the embedded tiny Llama, else the configured Tier-1
+    ``models`` that at least one candidate of the run applies to."""
+    from kb_nano.e2e_plan import candidate_set
+
+    ev = config["eval"]
+    if ev.get("models"):
+        return list(ev["models"])
+    if ev.get("smoke"):
+        return [SMOKE_MODEL]
+    chosen = []
+    for spec in config["models"]:
+        try:
+            if candidate_set(root, ev.get("candidates") or [], dev, [spec]):
+                chosen.append(spec)
+        except KbNanoError:
+            continue
+    if not chosen:
+        raise KbNanoError("eval: none of the configured models uses a target of the candidates; pass --model")
+    return chosen
+
+
+def plan(root: Path, config: dict) -> dict:
+    """The eval sweep of ``config['eval']``: ``device``, ``models`` (key -> E2EModel),
+    ``workloads`` (name -> Workload), ``variants`` (``baseline`` + the candidate set),
+    ``tps`` (model key -> the TPs that run) and ``skipped`` (``[model key, tp, reason]``).
+    Raises ``KbNanoError`` for bad settings."""
+    from kb_nano.e2e_plan import BASELINE, model, variant_name
+
+    ev = config["eval"]
+    dev = device(config)
+    works = workloads(int(ev["num_prompts"]), bool(ev.get("smoke")))
+    specs = default_models(root, config, dev)
+    models = {}
+    for spec in specs:
+        m = model(spec, root, "auto")
+        models[m.key] = m
+    pool = 1 if dev == "cpu" else int(ev["gpu_pool"])
+    tps, skipped = {}, []
+    for key, m in models.items():
+        heads, kv = model_heads((m.path if m.path.is_absolute() else root / m.path) / "config.json")
+        tps[key] = []
+        for tp in ev["tp"]:
+            why = tp_skip_reason(int(tp), pool, dev, heads, kv)
+            if why:
+                skipped.append([key, int(tp), why])
+            else:
+                tps[key].append(int(tp))
+    cands = candidates(root, config, dev, specs)
+    return {
+        "device": dev,
+        "models": models,
+        "workloads": {w.name: w for w in works},
+        "variants": [BASELINE, variant_name(cands)],
+        "tps": tps,
+        "skipped": skipped,
+        "max_model_len": max_model_len(works),
+    }
+
+
+def shard_path(model_key: str, tp: int, workload: str, variant: str) -> str:
+    """Output shard of one eval job (DESIGN.md data flow: ``results/eval/...``)."""
+    return f"results/eval/{model_key}/tp{tp}/{workload}/{variant}.parquet"

@@ -1,0 +1,109 @@
+"""Tier 3: the fixed eval workloads, TP skipping, the planned job set, and a real CPU smoke run."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from kb_nano import eval_plan
+from kb_nano.errors import KbNanoError
+from workflow_helpers import copy_workflow, kb_nano
+
+
+def test_fixed_workloads_are_the_standard_ones():
+    w = {x.name: x for x in eval_plan.workloads()}
+    assert list(w) == ["prefill-heavy", "balanced", "decode-heavy", "single-request", "fixed-batch-32"]
+    assert (w["prefill-heavy"].random_input_len, w["prefill-heavy"].random_output_len, w["prefill-heavy"].num_prompts) == (1024, 512, 1000)
+    assert (w["balanced"].random_input_len, w["balanced"].random_output_len) == (512, 512)
+    assert (w["decode-heavy"].random_input_len, w["decode-heavy"].random_output_len) == (512, 1024)
+    assert (w["single-request"].batch_size, w["single-request"].input_len, w["single-request"].output_len) == (1, 128, 128)
+    assert (w["fixed-batch-32"].batch_size, w["fixed-batch-32"].kind) == (32, "latency")
+    assert eval_plan.max_model_len(list(w.values())) == 1536
+
+
+def test_smoke_scales_down_and_is_recorded_in_the_names():
+    w = {x.name: x for x in eval_plan.workloads(smoke=True)}
+    assert list(w) == [n + ".smoke" for n in ("prefill-heavy", "balanced", "decode-heavy", "single-request", "fixed-batch-32")]
+    assert (w["prefill-heavy.smoke"].random_input_len, w["prefill-heavy.smoke"].num_prompts) == (64, 16)
+    assert w["fixed-batch-32.smoke"].batch_size == 32 and w["fixed-batch-32.smoke"].num_iters == 3
+    with pytest.raises(KbNanoError, match="only with --smoke"):
+        eval_plan.workloads(num_prompts=100)
+    assert eval_plan.workloads(num_prompts=2000)[0].num_prompts == 2000
+
+
+@pytest.mark.parametrize(
+    ("tp", "pool", "device", "heads", "kv", "needle"),
+    [
+        (1, 8, "cuda", 32, 8, None),
+        (4, 8, "cuda", 32, 8, None),
+        (16, 8, "cuda", 32, 8, "the pool is --gpu-pool 8"),
+        (4, 1, "cpu", 4, 2, "one CPU engine"),
+        (3, 8, "cuda", 32, 8, "does not divide num_attention_heads=32"),
+        (8, 8, "cuda", 4, 2, "does not divide num_attention_heads=4"),
+    ],
+)
+def test_tp_skip_reasons(tp, pool, device, heads, kv, needle):
+    why = eval_plan.tp_skip_reason(tp, pool, device, heads, kv)
+    assert (why is None) if needle is None else (needle in why)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return copy_workflow(tmp_path_factory.mktemp("eval"))
+
+
+def _job_count(stdout: str) -> int:
+    return int(next(line.split()[1] for line in stdout.splitlines() if line.startswith("e2e_bench ")))
+
+
+def test_dry_run_shows_the_standard_job_set(work):
+    out = kb_nano(work, "eval", "--dry-run", "--device", "cuda")
+    assert out.returncode == 0, out.stderr
+    # 2 models (llama31-8b, qwen3-8b) x tp 1, 4 x 5 workloads x {baseline, candidates}
+    assert _job_count(out.stdout) == 40
+    cpu = kb_nano(work, "eval", "--dry-run", "--device", "cpu")
+    assert cpu.returncode == 0, cpu.stderr
+    assert _job_count(cpu.stdout) == 20  # tp 4 does not fit one CPU engine ...
+    assert "skip llama31-8b tp=4: tp=4 needs 4 devices" in cpu.stderr  # ... and says so
+    one = kb_nano(work, "eval", "--dry-run", "--device", "cuda", "--gpu-pool", "2", "--model", "qwen3-8b")
+    assert _job_count(one.stdout) == 10 and "skip qwen3-8b tp=4" in one.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--num-prompts", "10"], "only with --smoke"),
+        (["--category", "nope"], "unknown category 'nope'"),
+        (["--candidate", "rms_norm/nope"], "matches no candidates"),
+        (["--model", "llama99"], "unknown model 'llama99'"),
+    ],
+)
+def test_bad_eval_flags_are_one_line(work, args, needle):
+    out = kb_nano(work, "eval", "--dry-run", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.stderr
+
+
+@pytest.mark.slow
+def test_eval_smoke_on_cpu_runs_every_workload_and_prints_the_ratios(tmp_path):
+    pytest.importorskip("vllm")
+    work = copy_workflow(tmp_path)
+    out = kb_nano(work, "eval", "--smoke", "--candidate", "rms_norm/torch_fused")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    doc = json.loads((work / "results/eval.json").read_text())
+    rows = pd.read_parquet(work / "results/eval.parquet")
+    ran = rows[rows["status"] != "skipped"]
+    assert len(ran) == 10 and set(ran["status"]) == {"ok"}, ran[["workload", "variant", "status", "error"]]
+    assert set(ran["workload"]) == {w.name for w in eval_plan.workloads(smoke=True)}
+    assert set(ran["variant"]) == {"baseline", "rms_norm.torch_fused"}
+    skipped = rows[rows["status"] == "skipped"]
+    assert len(skipped) == 10 and set(skipped["tp"]) == {4}  # tp 4 on a CPU, with the reason
+    summary = doc["summary"]["per_workload"]
+    assert all(s["n"] == 1 and s["geomean"] > 0 for s in summary.values()), summary
+    assert "kb-nano eval: candidate / baseline per workload" in out.stdout
+    assert "MLflow: new run" in out.stdout and "kb_nano/eval" in out.stdout
+    calls = json.loads(ran[ran["variant"] != "baseline"].iloc[0]["candidate_calls"])
+    assert calls["rms_norm/torch_fused"]["calls"] > 0  # the candidate ran inside the engine

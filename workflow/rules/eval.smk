@@ -1,0 +1,51 @@
+# Tier 3: the standardized eval sweep (kb_nano.eval_plan): fixed workloads x model x TP x
+# {baseline, candidates}, measured by the e2e_bench rule (tier "eval"), merged into
+# results/eval.parquet + eval.json and logged to MLflow (kb_nano/eval).
+# Named target: `snakemake eval` (what `kb_nano eval` builds with a config override).
+
+
+rule merge_eval:
+    input:
+        shards=lambda wildcards: tier_shards("eval"),
+    output:
+        parquet="results/eval.parquet",
+        json=EVAL_OUTPUT_JSON,
+    log:
+        "results/logs/merge_eval.log",
+    localrule: True
+    conda:
+        ENV
+    params:
+        tier="eval",
+        skipped=lambda wildcards: eval_skipped_rows(),
+    script:
+        "../scripts/merge_e2e.py"
+
+
+rule log_mlflow_eval:
+    input:
+        parquet="results/eval.parquet",
+        json=EVAL_OUTPUT_JSON,
+        code=str(kbw.PACKAGE_DIR / "tracking.py"),
+    output:
+        marker_path("eval"),
+    log:
+        "results/logs/log_mlflow_eval.log",
+    localrule: True
+    conda:
+        ENV
+    params:
+        tier="eval",
+        tracking_uri=TRACKING_URI,
+        config={k: v for k, v in config.items() if k != "mlflow_tracking_uri"},
+    script:
+        "../scripts/log_mlflow.py"
+
+
+rule eval:
+    input:
+        "results/eval.parquet",
+        EVAL_OUTPUT_JSON,
+        marker_path("eval"),
+    default_target: False
+    localrule: True
