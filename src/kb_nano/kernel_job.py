@@ -3,6 +3,8 @@
 The measurement runs in a child process (:mod:`kb_nano.worker`) under a timeout. When
 the child dies (signal, out of memory) or times out without writing its shard, this
 process writes a ``crashed`` or ``timeout`` row instead, so every job ends with a row.
+A GPU job first leases its device (:mod:`kb_nano.gpus`), holds the lease while the child
+runs, and hands the id to the child as ``CUDA_VISIBLE_DEVICES``.
 Torch-free: the parent stays light.
 """
 
@@ -23,16 +25,51 @@ from kb_nano.candidates import file_sha256
 from kb_nano.schema import make_row, scenario_fields, write_rows
 
 
-def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, output: str, log: str, root: str) -> str:
-    """Run the worker for one job and make sure ``output`` holds a row afterwards.
+def gpus_to_lease(declared: int, device: str, pool_ids: list[str]) -> int:
+    """Devices a kernel job leases: its declared Snakemake ``resources.gpu`` when the
+    device setting is ``cuda``, or ``auto`` with a non-empty pool (``auto`` on a host
+    without GPUs runs on the CPU and leases nothing). ``cuda:i`` pins device ``i`` as the
+    user asked and leases nothing; ``cpu`` leases nothing."""
+    if device == "cuda" or (device == "auto" and pool_ids):
+        return int(declared)
+    return 0
+
+
+def run(
+    scenario: dict,
+    candidate_id: str,
+    candidate_path: str,
+    settings: dict,
+    output: str,
+    log: str,
+    root: str,
+    gpus: int = 0,
+) -> str:
+    """Lease the job's GPUs, run the worker, and make sure ``output`` holds a row afterwards.
 
     ``settings``: device, atol, num_warmup, num_runs, num_threads, timeout_s (seconds for
-    the whole worker: import, setup, correctness and timing). Worker stdout/stderr go to
-    ``log``. Returns the row status.
+    the whole worker: import, setup, correctness and timing; also the longest wait for a
+    free GPU). ``gpus``: the job's declared ``resources.gpu`` (see :func:`gpus_to_lease`).
+    Worker stdout/stderr go to ``log``. The leased ids go to the worker as
+    ``CUDA_VISIBLE_DEVICES`` and into the row's ``gpu_ids``. Returns the row status.
+    Raises ``KbNanoError`` (no row written, so the job is retried next run) when the pool
+    is too small or no device becomes free within ``timeout_s``.
     """
+    from kb_nano import gpus as leasing
+
+    pool_ids = leasing.pool()
+    n = gpus_to_lease(gpus, str(settings["device"]), pool_ids)
+    with leasing.lease(n, Path(root) / "results/.locks", float(settings["timeout_s"]), ids=pool_ids) as ids:
+        return _run_leased(scenario, candidate_id, candidate_path, settings, output, log, root, ids)
+
+
+def _run_leased(scenario, candidate_id, candidate_path, settings, output, log, root, gpu_ids: list[str]) -> str:
+    from kb_nano.gpus import environ
+
     out = Path(output)
     out.unlink(missing_ok=True)
     spec = {
+        "gpu_ids": ",".join(gpu_ids) or None,
         "scenario": scenario,
         "candidate_id": candidate_id,
         "candidate_path": candidate_path,
@@ -53,6 +90,7 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
                 stdout=log_fh,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=environ(gpu_ids),
             )
 
             def _stop(signum, frame):  # Snakemake or the user interrupts the job
@@ -82,6 +120,7 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
                     **scenario_fields(scenario),
                     candidate=candidate_id,
                     candidate_sha256=file_sha256(candidate_path),
+                    gpu_ids=spec["gpu_ids"],
                     status=status,
                     error=error,
                     atol=_tolerance(settings, scenario, "atol"),

@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
     from kb_nano.schema import write_rows
 
     row = measure(spec["scenario"], spec["candidate_id"], Path(spec["candidate_path"]), spec["settings"], Path(spec["root"]))
+    row["gpu_ids"] = spec.get("gpu_ids")  # leased by the job process (kb_nano.gpus)
     write_rows([row], Path(spec["output"]))
     print(f"{row['scenario_id']} {row['candidate']}: {row['status']}" + (f" ({row['error']})" if row["error"] else ""))
     return 0
