@@ -3,9 +3,10 @@
 Snakemake only counts GPUs (``resources: gpu=1`` with ``--resources gpu=N``); it does not
 say *which* device a job gets. A job therefore leases concrete device ids from the
 host's pool: one lock file per device under ``results/.locks/``, taken with ``flock``
-(:mod:`filelock`) and held for as long as the job process lives, so a job that is killed,
-even by SIGKILL, frees its devices at once (the kernel drops the lock with the process).
-The job exports the ids as ``CUDA_VISIBLE_DEVICES`` to the process that uses them.
+(:mod:`filelock`) and held while the job runs; the lock belongs to the holding process,
+so when that process is killed, even by SIGKILL, the kernel drops the lock and the
+devices are free at once. The job exports the ids as ``CUDA_VISIBLE_DEVICES`` to the
+process that uses them.
 
 The pool, in order of precedence:
 
@@ -107,10 +108,11 @@ def lease(
     """Lease ``n`` devices of the pool for the duration of the ``with`` block.
 
     ``ids``: the pool (default :func:`pool`). Yields the leased ids in pool order (``[]``
-    for ``n == 0``); export them with :func:`environ`. Takes free devices only (a
-    non-blocking ``flock`` on each lock file); when fewer than ``n`` are free it releases
-    what it took (so two jobs that each need two devices cannot deadlock holding one
-    each) and tries again every ``poll_s`` seconds. The locks are released when the block
+    for ``n == 0``); the caller exports them to the process that uses them as
+    ``CUDA_VISIBLE_DEVICES=",".join(ids)``. Takes free devices only (a non-blocking
+    ``flock`` on each lock file); when fewer than ``n`` are free it releases what it took
+    (so two jobs that each need two devices cannot deadlock holding one each) and tries
+    again every ``poll_s`` seconds. The locks are released when the block
     exits or the process dies.
 
     Raises ``KbNanoError`` when the pool has fewer than ``n`` devices, and
@@ -161,11 +163,3 @@ def lease(
         for i in held:
             locks[i].release()
 
-
-def environ(ids: list[str], base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``base`` (default ``os.environ``) with ``CUDA_VISIBLE_DEVICES`` set to the leased
-    ``ids``; unchanged when ``ids`` is empty (a CPU job)."""
-    env = dict(os.environ if base is None else base)
-    if ids:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-    return env

@@ -11,18 +11,69 @@ Torch-free: the parent stays light.
 from __future__ import annotations
 
 import contextlib
-import json
+import multiprocessing
+import multiprocessing.connection
 import os
 import signal
-import subprocess
-import sys
-import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kb_nano import worker
 from kb_nano.candidates import file_sha256
 from kb_nano.schema import make_row, scenario_fields, write_rows
+
+# Workers are forked by a multiprocessing fork server that imported torch and the harness
+# once (``set_forkserver_preload``), so a job pays a fork (~10 ms), not a fresh
+# interpreter importing torch (1.2-2.7 s on the 2-core dev machine; bench/overhead.py).
+# Jobs run as threads of the Snakemake process (``run:`` + ``force-use-threads``), so one
+# server serves the whole invocation; it exits with the Snakemake process.
+_CONTEXT: multiprocessing.context.BaseContext | None = None
+# Process.start() polls every other live child (multiprocessing.process._cleanup) and a
+# fork-server child's exit code can be read only once: starting and reaping under one lock
+# keeps two job threads from reading the same exit code.
+_PROCESS_LOCK = threading.Lock()
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """The ``forkserver`` multiprocessing context whose server preloads
+    :mod:`kb_nano.worker` (and with it torch and :mod:`kb_nano.bench`); created on first
+    use, once per process."""
+    global _CONTEXT
+    with _PROCESS_LOCK:
+        if _CONTEXT is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["kb_nano.worker", "kb_nano.bench"])
+            _CONTEXT = ctx
+        return _CONTEXT
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a worker and every process it started (a candidate may spawn helpers)."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        parent = psutil.Process(pid)
+        for proc in [*parent.children(recursive=True), parent]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+
+
+def run_job(input, output, params, wildcards, threads, resources, log) -> str:
+    """The ``kernel_bench`` rule's ``run:`` block: Snakemake's job objects -> :func:`run`."""
+    import json
+
+    return run(
+        scenario=json.loads(params.scenario),
+        candidate_id=f"{wildcards.target}/{wildcards.name}",
+        candidate_path=input.candidate,
+        settings={**params.settings, "num_threads": threads},
+        output=output[0],
+        log=log[0],
+        root=os.getcwd(),
+        gpus=int(resources.get("gpu", 0)),
+    )
 
 
 def gpus_to_lease(declared: int, device: str, pool_ids: list[str]) -> int:
@@ -64,12 +115,11 @@ def run(
 
 
 def _run_leased(scenario, candidate_id, candidate_path, settings, output, log, root, gpu_ids: list[str]) -> str:
-    from kb_nano.gpus import environ
-
     out = Path(output)
     out.unlink(missing_ok=True)
     spec = {
         "gpu_ids": ",".join(gpu_ids) or None,
+        "owner_pid": os.getpid(),
         "scenario": scenario,
         "candidate_id": candidate_id,
         "candidate_path": candidate_path,
@@ -78,41 +128,29 @@ def _run_leased(scenario, candidate_id, candidate_path, settings, output, log, r
         "root": root,
     }
     t0 = time.perf_counter()
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump(spec, fh)
-        spec_path = fh.name
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     status = error = None
+    ctx = worker_context()
+    proc = ctx.Process(target=worker.run, args=(spec, str(log)), name=f"kb_nano {candidate_id} {scenario['scenario_id']}")
+    with _PROCESS_LOCK:  # Process.start() polls the other live workers (see _PROCESS_LOCK)
+        proc.start()
     try:
-        with open(log, "w") as log_fh:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "kb_nano.worker", spec_path],
-                stdout=log_fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=environ(gpu_ids),
-            )
-
-            def _stop(signum, frame):  # Snakemake or the user interrupts the job
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                raise SystemExit(128 + signum)
-
-            previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-            try:
-                code = proc.wait(timeout=float(settings["timeout_s"]))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                status, error = "timeout", f"exceeded timeout_s={settings['timeout_s']}; worker killed (log: {log})"
-            else:
-                if not out.exists():
-                    status, error = "crashed", _crash_reason(code, log)
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-    finally:
-        os.unlink(spec_path)
+        finished = multiprocessing.connection.wait([proc.sentinel], timeout=float(settings["timeout_s"]))
+    except BaseException:  # interrupted while waiting: take the worker down with us
+        _kill_tree(proc.pid)
+        raise
+    if not finished:
+        _kill_tree(proc.pid)
+        status, error = "timeout", f"exceeded timeout_s={settings['timeout_s']}; worker killed (log: {log})"
+    with _PROCESS_LOCK:
+        proc.join()
+        code = proc.exitcode
+    if status is None and code == -signal.SIGINT:
+        # Ctrl-C reached the worker (it shares the terminal's process group): no row, so
+        # Snakemake leaves the job incomplete and the next run does it again.
+        raise KeyboardInterrupt(f"{candidate_id} on {scenario['scenario_id']}: interrupted")
+    if status is None and not out.exists():
+        status, error = "crashed", _crash_reason(code, log)
     if status is not None:
         write_rows(
             [
@@ -145,8 +183,8 @@ def _tolerance(settings: dict, scenario: dict, key: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _crash_reason(code: int, log: str) -> str:
-    how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+def _crash_reason(code: int | None, log: str) -> str:
+    how = f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with status {code}"
     last = ""
     try:
         lines = [ln.strip() for ln in Path(log).read_text(errors="replace").splitlines() if ln.strip()]
