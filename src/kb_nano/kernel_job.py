@@ -25,7 +25,7 @@ from kb_nano.candidates import file_sha256
 from kb_nano.schema import make_row, scenario_fields, write_rows
 
 # Workers are forked by a multiprocessing fork server that imported torch and the harness
-# once (``set_forkserver_preload``), so a job pays a fork (~10 ms), not a fresh
+# once (``set_forkserver_preload``), so a job pays a fork (12-19 ms), not a fresh
 # interpreter importing torch (1.2-2.7 s on the 2-core dev machine; bench/overhead.py).
 # Jobs run as threads of the Snakemake process (``run:`` + ``force-use-threads``), so one
 # server serves the whole invocation; it exits with the Snakemake process.
@@ -38,13 +38,17 @@ _PROCESS_LOCK = threading.Lock()
 
 def worker_context() -> multiprocessing.context.BaseContext:
     """The ``forkserver`` multiprocessing context whose server preloads
-    :mod:`kb_nano.worker` (and with it torch and :mod:`kb_nano.bench`); created on first
+    :mod:`kb_nano.worker` and :mod:`kb_nano.bench` (and with it torch); created on first
     use, once per process."""
     global _CONTEXT
     with _PROCESS_LOCK:
         if _CONTEXT is None:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["kb_nano.worker", "kb_nano.bench"])
+            # snakemake.cli: when Snakemake runs as the `snakemake` console script,
+            # multiprocessing re-runs that script in every worker (its main-module fix-up;
+            # Python 3.11 does not preload "__main__"), and the script imports
+            # snakemake.cli: 0.6 s per worker unless the server has it imported already.
+            ctx.set_forkserver_preload(["snakemake.cli", "kb_nano.worker", "kb_nano.bench"])
             _CONTEXT = ctx
         return _CONTEXT
 
