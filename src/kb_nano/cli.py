@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from kb_nano import operators
+from kb_nano import gpus, operators
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
 
@@ -123,7 +124,7 @@ def preflight(root: Path, base: dict, overrides: dict, source: str) -> dict:
     kbw.check_config(config)
     kbw.candidates(root, config)
     kbw.model_config_files(root, config)
-    if str(config["device"]).startswith("cuda") and not visible_gpus():
+    if str(config["device"]).startswith("cuda") and not gpus.pool():
         raise KbNanoError(f"device {config['device']!r}: no NVIDIA GPU is visible here; use --device auto or cpu")
     _check_output_json(root, config["output_json"])
     from kb_nano.tracking import check_reachable, is_server, resolve_tracking_uri
@@ -136,8 +137,6 @@ def preflight(root: Path, base: dict, overrides: dict, source: str) -> dict:
 
 def _check_output_json(root: Path, output_json: str) -> None:
     """The merged JSON must land in a writable place that no other output uses."""
-    import os
-
     path = Path(output_json) if Path(output_json).is_absolute() else root / output_json
     reserved = {root / "results/kernels.parquet", root / "results/inputs/llm.yaml"}
     if path.resolve() in {p.resolve() for p in reserved} or (root / "results/mlflow") in path.resolve().parents:
@@ -152,21 +151,6 @@ def _check_output_json(root: Path, output_json: str) -> None:
         raise KbNanoError(f"--output-json {output_json}: braces are Snakemake wildcards; use a plain path")
 
 
-def visible_gpus() -> int:
-    """Number of NVIDIA GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` if set,
-    else the devices ``nvidia-smi -L`` lists; 0 without a driver."""
-    import os
-    import shutil
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    if not shutil.which("nvidia-smi"):
-        return 0
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
-
-
 def run_snakemake(root: Path, targets: list[str], config: dict, args, passthrough: list[str]) -> int:
     """Run the workflow for ``targets`` with ``config`` overrides; returns Snakemake's
     exit status. Progress ("N of M steps done") streams to the terminal.
@@ -179,11 +163,20 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
     # Targets first: --configfile and --quiet take several values and would swallow them.
     cmd = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(root / "Snakefile"), "--directory", str(root)]
     cmd += ["--cores", str(args.cores)]
-    gpus = visible_gpus()
-    if gpus and "--resources" not in passthrough:
-        # Snakemake only counts GPUs: cap concurrent GPU jobs at the GPUs present, so two
-        # timed kernels never share a device.
-        cmd += ["--resources", f"gpu={gpus}"]
+    env = dict(os.environ)
+    pool = gpus.pool()
+    gpu_pool = getattr(args, "gpu_pool", None)
+    if gpu_pool is not None:
+        if gpu_pool > len(pool):
+            seen = f"only {len(pool)} ({','.join(pool)})" if pool else "none"
+            raise KbNanoError(f"--gpu-pool {gpu_pool}: {seen} visible here (CUDA_VISIBLE_DEVICES / "
+                              f"{gpus.POOL_ENV} / nvidia-smi); pass at most that many")
+        pool = pool[:gpu_pool]
+        env[gpus.POOL_ENV] = ",".join(pool)
+    if pool and "--resources" not in passthrough:
+        # Snakemake only counts GPUs: at most one GPU job per device of the pool at once;
+        # each job then leases a concrete device id (kb_nano.gpus).
+        cmd += ["--resources", f"gpu={len(pool)}"]
     if args.dry_run:
         cmd += ["--dry-run"]
     if not args.verbose:
@@ -202,7 +195,7 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         cmd += passthrough
         if args.verbose:
             print("+ " + " ".join(cmd), file=sys.stderr)
-        proc = subprocess.Popen(cmd, cwd=root)
+        proc = subprocess.Popen(cmd, cwd=root, env=env)
         try:
             return proc.wait()
         except KeyboardInterrupt:
@@ -670,6 +663,12 @@ def _cores(value: str) -> str:
     raise argparse.ArgumentTypeError("must be a positive number or 'all'")
 
 
+def _positive_int(value: str) -> int:
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    raise argparse.ArgumentTypeError("must be a positive integer")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", nargs="+", action="extend", help="model key prefix (llama31), vendored Hub id, or config.json path")
     p.add_argument("--tp", nargs="+", action="extend", type=int, help="tensor-parallel degree(s)")
@@ -701,6 +700,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--list", action="store_true", help="list the operators (targets) and exit")
     k.add_argument("--level", type=int, choices=[1, 2, 3, 4], help="with --list: only this level")
     k.add_argument("--map", action="store_true", help="show each model's operators and per-rank shapes and exit")
+    k.add_argument("--gpu-pool", type=_positive_int, metavar="N",
+                   help="use the first N GPUs of the pool (CUDA_VISIBLE_DEVICES, else all visible): "
+                        "--resources gpu=N and each job leases one of those N devices")
     k.add_argument("--fail-on-error", action="store_true",
                    help="exit 1 when any row is neither passed nor skipped (for CI gates)")
     k.set_defaults(func=cmd_kernels)

@@ -3,7 +3,8 @@
 Times are milliseconds; ``speedup = baseline_ms / candidate_ms`` (medians); ``*_iqr`` is
 the interquartile range (p75 - p25) of the per-call times in ms. ``bytes_moved`` and
 ``flops`` are the operator's minimum traffic per call (see each operator's ``traffic``).
-Torch-free.
+``gpu_ids`` are the device ids the job leased (``CUDA_VISIBLE_DEVICES`` of its worker,
+comma-separated; null for a CPU job; see :mod:`kb_nano.gpus`). Torch-free.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pyarrow.parquet as pq
 
 from kb_nano.files import atomic_path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: gpu_ids
 
 STATUSES = (
     "passed",
@@ -66,6 +67,7 @@ KERNEL_SCHEMA = pa.schema(
         ("num_threads", pa.int32()),
         ("device", pa.string()),
         ("device_name", pa.string()),
+        ("gpu_ids", pa.string()),
         ("torch_version", pa.string()),
         ("triton_version", pa.string()),
         ("kb_nano_version", pa.string()),

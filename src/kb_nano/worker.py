@@ -1,46 +1,72 @@
-"""Worker process of one kernel job: ``python -m kb_nano.worker SPEC.json``.
+"""Worker process of one kernel job.
 
 Runs :func:`kb_nano.bench.measure` and writes the row as a Parquet shard. It runs in a
 process of its own so that a candidate that segfaults, hangs or exhausts memory only
 takes this process down; :mod:`kb_nano.kernel_job` then records ``crashed``/``timeout``.
+:mod:`kb_nano.kernel_job` forks it from a fork server that has torch imported already;
+this module itself is torch-free at import (the Snakemake process imports it).
 """
 
 from __future__ import annotations
 
-import json
-import sys
+import os
+import signal
 from pathlib import Path
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when the job process that started it dies
-    (``prctl(PR_SET_PDEATHSIG)``), so an interrupted sweep leaves no orphan that could
-    later write a stale shard. No-op elsewhere."""
-    import ctypes
-    import os
-    import signal
+def _die_with_owner(owner_pid: int) -> None:
+    """SIGKILL this worker as soon as the process that owns the job (the Snakemake
+    process whose thread waits for it and enforces ``timeout_s``) is gone, even when that
+    process was SIGKILLed: a daemon thread waits on a Linux pidfd of the owner
+    (``os.pidfd_open``; Linux >= 5.3), else polls it twice a second. So an interrupted
+    sweep leaves no orphan that could run on unbounded or later write a stale shard."""
+    import select
+    import threading
 
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() == 1:  # the parent died before prctl took effect
+        fd = os.pidfd_open(owner_pid)
+    except ProcessLookupError:
         os._exit(1)
+    except (AttributeError, OSError):
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(owner_pid, 0)
+                except ProcessLookupError:
+                    break
+                threading.Event().wait(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="kb_nano-owner-watch", daemon=True).start()
 
 
-def main(argv: list[str]) -> int:
-    """Entry point; ``argv[0]`` is the path of the JSON job spec."""
-    _die_with_parent()
-    spec = json.loads(Path(argv[0]).read_text())
+def run(spec: dict, log: str) -> None:
+    """Entry point of the worker process (a ``multiprocessing`` target).
+
+    ``spec``: ``scenario`` (manifest entry), ``candidate_id``, ``candidate_path``,
+    ``settings`` (see :func:`kb_nano.bench.measure`), ``root``, ``output`` (shard path),
+    ``gpu_ids`` (leased ids, exported as ``CUDA_VISIBLE_DEVICES`` before torch touches
+    CUDA; None for a CPU job), ``owner_pid`` (the job's process; the worker dies with it).
+    stdout/stderr go to ``log``. Ctrl-C kills it by SIGINT, which the job reads as
+    "interrupted" rather than "crashed".
+    """
+    _die_with_owner(int(spec["owner_pid"]))
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if spec.get("gpu_ids"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec["gpu_ids"]
     from kb_nano.bench import measure
     from kb_nano.schema import write_rows
 
     row = measure(spec["scenario"], spec["candidate_id"], Path(spec["candidate_path"]), spec["settings"], Path(spec["root"]))
+    row["gpu_ids"] = spec.get("gpu_ids")  # leased by the job (kb_nano.gpus)
     write_rows([row], Path(spec["output"]))
     print(f"{row['scenario_id']} {row['candidate']}: {row['status']}" + (f" ({row['error']})" if row["error"] else ""))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -14,7 +14,9 @@ from kb_nano.models import INDEX_FILE, check_config_file, resolve
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Harness files whose edits must rerun every kernel job (with the operator's own module).
-HARNESS_MODULES = ("bench.py", "timing.py", "candidates.py", "schema.py", "worker.py", "kernel_job.py", "operators/base.py")
+HARNESS_MODULES = (
+    "bench.py", "timing.py", "candidates.py", "schema.py", "worker.py", "kernel_job.py", "gpus.py", "operators/base.py",
+)
 MANIFEST_MODULES = ("models.py", "manifest.py", "operators/__init__.py", "operators/base.py")
 
 

@@ -1,4 +1,8 @@
 rule kernel_bench:
+    # run: (no conda:, it runs in the Snakemake process's environment, which imports
+    # kb_nano at parse time anyway): with force-use-threads (profiles/default) jobs are
+    # threads of the Snakemake process, and each forks its worker from one fork server
+    # that imported torch once (kb_nano.kernel_job).
     input:
         unpack(kernel_job_inputs),
     output:
@@ -9,8 +13,6 @@ rule kernel_bench:
         target="[a-z0-9_]+",
         name="[A-Za-z0-9_]+",
         scenario="[A-Za-z0-9_.-]+",
-    conda:
-        ENV
     threads: 1
     resources:
         gpu=0 if config["device"] == "cpu" else 1,
@@ -18,8 +20,8 @@ rule kernel_bench:
         scenario=scenario_param,
         settings=SETTINGS,
         golden=golden_param,
-    script:
-        "../scripts/kernel_bench.py"
+    run:
+        kernel_job.run_job(input, output, params, wildcards, threads, resources, log)
 
 
 rule merge_kernels:
