@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import kb_nano
+from kb_nano import gpus
 from kb_nano.files import atomic_write_text
 from kb_nano.provenance import git_sha, package_version
 from kb_nano.schema import PERCENTILES, SERVE_METRICS, e2e_table, make_e2e_row, write_table
@@ -236,7 +237,13 @@ def run(
         calls_dir = Path(tmp) / "calls"
         calls_dir.mkdir()
         env = job_env([{"id": c["id"], "path": c["path"]} for c in candidates], str(calls_dir), engine["device"])
-        code = _run_bench(model, tp, w, engine, env, bench_json, log_path)
+        # On GPUs the job leases tp concrete devices for its whole life (kb_nano.gpus): the
+        # engine sees only those; a killed job frees them.
+        n_gpus = int(tp) if engine["device"] == "cuda" else 0
+        with gpus.lease(n_gpus, Path.cwd() / "results/.locks", float(engine["timeout_s"])) as gpu_ids:
+            if gpu_ids:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+            code = _run_bench(model, tp, w, engine, env, bench_json, log_path)
         calls, cand_error = _evidence(calls_dir)
         log_text = log_path.read_text(errors="replace")
         if code == 0 and bench_json.is_file():
@@ -282,6 +289,7 @@ def run(
         enforce_eager=bool(engine.get("enforce_eager")),
         seed=int(engine["seed"]),
         device=engine["device"],
+        gpu_ids=",".join(gpu_ids) or None,
         device_name=_device_name(engine["device"]),
         vllm_version=_vllm_version(),
         torch_version=package_version("torch"),

@@ -194,6 +194,9 @@ def e2e_device(config: dict) -> str:
     device = config["e2e"].get("device", "auto")
     if device != "auto":
         return device
-    from kb_nano.cli import visible_gpus
+    import os
 
-    return "cuda" if visible_gpus() else "cpu"
+    from kb_nano.gpus import POOL_ENV, pool
+
+    # GPUs of the host (CUDA_VISIBLE_DEVICES / nvidia-smi); a fake KB_NANO_GPU_IDS pool is not a GPU
+    return "cuda" if pool({k: v for k, v in os.environ.items() if k != POOL_ENV}) else "cpu"

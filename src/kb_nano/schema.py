@@ -212,6 +212,7 @@ E2E_SCHEMA = pa.schema(
         ("enforce_eager", pa.bool_()),
         ("seed", pa.int64()),
         ("device", pa.string()),
+        ("gpu_ids", pa.string()),  # the leased CUDA device ids (kb_nano.gpus), comma-separated
         ("device_name", pa.string()),
         ("vllm_version", pa.string()),
         ("torch_version", pa.string()),
