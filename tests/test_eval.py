@@ -54,21 +54,22 @@ def work(tmp_path_factory):
     return copy_workflow(tmp_path_factory.mktemp("eval"))
 
 
-def _job_count(stdout: str) -> int:
-    return int(next(line.split()[1] for line in stdout.splitlines() if line.startswith("e2e_bench ")))
+def _job_count(out) -> int:
+    """e2e_bench jobs in Snakemake's dry-run job stats (on stdout or stderr)."""
+    return int(next(line.split()[1] for line in (out.stdout + out.stderr).splitlines() if line.startswith("e2e_bench ")))
 
 
 def test_dry_run_shows_the_standard_job_set(work):
     out = kb_nano(work, "eval", "--dry-run", "--device", "cuda")
     assert out.returncode == 0, out.stderr
     # 2 models (llama31-8b, qwen3-8b) x tp 1, 4 x 5 workloads x {baseline, candidates}
-    assert _job_count(out.stdout) == 40
+    assert _job_count(out) == 40
     cpu = kb_nano(work, "eval", "--dry-run", "--device", "cpu")
     assert cpu.returncode == 0, cpu.stderr
-    assert _job_count(cpu.stdout) == 20  # tp 4 does not fit one CPU engine ...
+    assert _job_count(cpu) == 20  # tp 4 does not fit one CPU engine ...
     assert "skip llama31-8b tp=4: tp=4 needs 4 devices" in cpu.stderr  # ... and says so
     one = kb_nano(work, "eval", "--dry-run", "--device", "cuda", "--gpu-pool", "2", "--model", "qwen3-8b")
-    assert _job_count(one.stdout) == 10 and "skip qwen3-8b tp=4" in one.stderr
+    assert _job_count(one) == 10 and "skip qwen3-8b tp=4" in one.stderr
 
 
 @pytest.mark.parametrize(

@@ -140,20 +140,15 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
 def default_models(root: Path, config: dict, dev: str) -> list[str]:
     """``eval.models``, else (smoke) the embedded tiny Llama, else the configured Tier-1
     ``models`` that at least one candidate of the run applies to."""
-    from kb_nano.e2e_plan import candidate_set
+    from kb_nano.e2e_plan import candidate_set, used_targets
 
     ev = config["eval"]
     if ev.get("models"):
         return list(ev["models"])
     if ev.get("smoke"):
         return [SMOKE_MODEL]
-    chosen = []
-    for spec in config["models"]:
-        try:
-            if candidate_set(root, ev.get("candidates") or [], dev, [spec]):
-                chosen.append(spec)
-        except KbNanoError:
-            continue
+    targets = {c.target for c in candidate_set(root, ev.get("candidates") or [], dev)}  # raises for unknown ids
+    chosen = [spec for spec in config["models"] if targets & used_targets(root, [spec])]
     if not chosen:
         raise KbNanoError("eval: none of the configured models uses a target of the candidates; pass --model")
     return chosen

@@ -43,9 +43,9 @@ rule log_mlflow_eval:
 
 
 rule eval:
+    default_target: False
     input:
         "results/eval.parquet",
         EVAL_OUTPUT_JSON,
         marker_path("eval"),
-    default_target: False
     localrule: True
