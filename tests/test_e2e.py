@@ -20,7 +20,7 @@ from kb_nano.merge import merge_e2e
 from kb_nano.schema import E2E_COLUMNS, E2E_STATUSES, e2e_table, make_e2e_row, write_table
 from kb_nano.vllm_plugin import ENV_CALLS_DIR, ENV_CANDIDATES, swappable
 
-from workflow_helpers import REPO, copy_workflow, kb_nano, snakemake
+from workflow_helpers import REPO, copy_workflow, kb_nano
 
 HAVE_VLLM = __import__("importlib").util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM not installed (pip install -e '.[e2e]')")

@@ -4,7 +4,6 @@ holding leases, a SIGKILLed holder, and real Snakemake runs of GPU-declared jobs
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

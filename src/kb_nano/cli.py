@@ -304,7 +304,6 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     if args.map:
         return cmd_map(args, root, base)
     output_json = effective["output_json"]
-    started = time.time()
     from kb_nano.tracking import marker_path
 
     marker = marker_path("kernels")
