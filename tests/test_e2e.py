@@ -97,7 +97,7 @@ def test_e2e_row_rejects_unknown_fields_and_statuses():
         make_e2e_row(status="ok", median_ms=1.0)
     with pytest.raises(ValueError):
         make_e2e_row(status="passed")
-    assert set(E2E_STATUSES) == {"ok", "engine_error", "candidate_error", "timeout", "crashed"}
+    assert set(E2E_STATUSES) == {"ok", "engine_error", "candidate_error", "timeout", "crashed", "skipped"}
 
 
 def test_merge_fills_speedup_from_the_baseline_and_writes_the_json_schema(tmp_path):

@@ -101,18 +101,23 @@ def scenario_fields(scenario: dict) -> dict:
     }
 
 
-def make_row(**fields) -> dict:
-    """A full row: every column present (None where unknown). Raises ``KeyError`` for a
-    field that is not a column and ``ValueError`` for an unknown status."""
-    unknown = set(fields) - set(COLUMNS)
+def _full_row(tier: str, columns: list[str], statuses: tuple, version: int, fields: dict) -> dict:
+    """Every column of a tier's schema present (None where unknown). Raises ``KeyError``
+    for a field that is not a column and ``ValueError`` for an unknown status."""
+    unknown = set(fields) - set(columns)
     if unknown:
-        raise KeyError(f"not kernel-row columns: {sorted(unknown)}")
-    if fields.get("status") not in STATUSES:
-        raise ValueError(f"unknown status {fields.get('status')!r}")
-    row = dict.fromkeys(COLUMNS)
+        raise KeyError(f"not {tier}-row columns: {sorted(unknown)}")
+    if fields.get("status") not in statuses:
+        raise ValueError(f"unknown {tier} status {fields.get('status')!r}")
+    row = dict.fromkeys(columns)
     row.update(fields)
-    row["schema_version"] = row["schema_version"] or SCHEMA_VERSION
+    row["schema_version"] = row["schema_version"] or version
     return row
+
+
+def make_row(**fields) -> dict:
+    """A full kernel row (:data:`KERNEL_SCHEMA`; see :func:`_full_row`)."""
+    return _full_row("kernel", COLUMNS, STATUSES, SCHEMA_VERSION, fields)
 
 
 def to_table(rows: list[dict]) -> pa.Table:
@@ -232,15 +237,7 @@ def make_e2e_row(**fields) -> dict:
     ``KeyError`` for an unknown field and ``ValueError`` for an unknown status.
     Throughput metrics are per second of vLLM's ``elapsed_time``; latencies are ms
     (vLLM reports seconds; ×1000)."""
-    unknown = set(fields) - set(E2E_COLUMNS)
-    if unknown:
-        raise KeyError(f"not e2e-row columns: {sorted(unknown)}")
-    if fields.get("status") not in E2E_STATUSES:
-        raise ValueError(f"unknown e2e status {fields.get('status')!r}")
-    row = dict.fromkeys(E2E_COLUMNS)
-    row.update(fields)
-    row["schema_version"] = row["schema_version"] or E2E_SCHEMA_VERSION
-    return row
+    return _full_row("e2e", E2E_COLUMNS, E2E_STATUSES, E2E_SCHEMA_VERSION, fields)
 
 
 def e2e_table(rows: list[dict]) -> pa.Table:
