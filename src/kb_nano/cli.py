@@ -182,7 +182,7 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         cmd += ["--resources", f"gpu={len(pool)}"]
     if args.dry_run:
         cmd += ["--dry-run"]
-    if not args.verbose:
+    if not args.verbose and "--quiet" not in passthrough:
         cmd += ["--quiet", "rules"]
     # Under the workflow directory, not /tmp: cluster jobs (`-- --profile profiles/slurm`)
     # re-read every --configfile on their node, which shares the workflow directory only.
@@ -404,7 +404,8 @@ def cmd_capture_golden(args, passthrough: list[str]) -> int:
                   f"({layers['captured']} of {layers['model']} layers, {meta['weights'].split(':')[0]} weights, "
                   f"{meta['prompts']['count']} prompts x {meta['prompts']['seq_len']} tokens, {meta['dtype']}): "
                   f"{shapes}{f' (+{more} more)' if more > 0 else ''}")
-    print("attention, fused_moe and sampler scenarios of these models now use them (input_source = golden)")
+    written = sorted({p.stem for k in keys for p in (root / GOLDEN_DIR / k).glob("*.json")})
+    print(f"{', '.join(written)} scenarios of {', '.join(keys)} now use them (input_source = golden)")
     return 0
 
 
@@ -554,10 +555,12 @@ def cmd_history(args, passthrough: list[str]) -> int:
         result = history.compare_runs(uri, *args.compare)
         console.print(history.compare_table(result))
         a, b = result["a"], result["b"]
-        changed = sum(r["status_a"] != r["status_b"] for r in result["rows"])
+        both = [r for r in result["rows"] if r["status_a"] and r["status_b"]]
+        changed = sum(r["status_a"] != r["status_b"] for r in both)
+        only = {k: sum(r[f"status_{k}"] is None for r in result["rows"]) for k in ("a", "b")}
         gm = {k: f"{s['geomean_speedup']:.3f}x" if s["geomean_speedup"] is not None else "-" for k, s in (("a", a), ("b", b))}
-        console.print(f"geomean speedup A {gm['a']} -> B {gm['b']}; {len(result['rows'])} scenario rows, "
-                      f"{changed} changed status")
+        console.print(f"geomean speedup A {gm['a']} -> B {gm['b']}; {len(both)} rows in both runs, {changed} changed "
+                      f"status; {only['b']} only in A, {only['a']} only in B")
         return 0
     runs = history.list_runs(uri, tier=args.tier, target=args.target, candidate=args.candidate, model=args.model,
                              limit=args.limit)

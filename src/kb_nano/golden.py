@@ -220,6 +220,7 @@ def capture(config: dict, meta: dict, root: Path, out_dir: Path, num_layers: int
         # One metadata key: safetensors writes a metadata map in hash order, which would make
         # two captures of the same tensors differ byte-wise.
         save_file(tensors, str(file), metadata={"kb_nano_sidecar": f"{target}.json"})
+        _chmod_like_umask(file)  # safetensors writes 0600; readers on a shared file system need the umask's bits
         sidecar = {
             "operator": target,
             **meta,
@@ -243,6 +244,14 @@ def capture(config: dict, meta: dict, root: Path, out_dir: Path, num_layers: int
         path.write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
         written.append(path)
     return written
+
+
+def _chmod_like_umask(path: Path) -> None:
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 # --------------------------------------------------------------------------- scenario inputs

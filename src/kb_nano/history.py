@@ -251,7 +251,7 @@ def history_table(runs: list[dict], title: str = "kb-nano history") -> Table:
         ("time", "left"),
         ("tier", "left"),
         ("candidates", "left"),
-        ("scenarios", "right"),
+        ("rows run", "right"),
         ("pass rate", "right"),
         ("geomean speedup", "right"),
         ("git sha", "left"),
