@@ -496,6 +496,30 @@ def test_candidate_patching_the_baseline_is_rejected(tmp_path, scenarios, settin
     assert "modified the baseline class RMSNorm" in row["error"]
 
 
+def test_candidate_patching_torch_is_rejected(tmp_path, scenarios, settings):
+    """A candidate that swaps a torch function the comparison or the baseline uses (here
+    Tensor.double, which the comparison calls) would pass with a fake speedup."""
+    import torch
+
+    path = write(tmp_path / "candidates/rms_norm/patches_torch.py", """
+        import torch
+        from kb_nano.operators.norms import RMSNorm
+
+        torch.Tensor.double = lambda self: torch.zeros(self.shape, dtype=torch.float64)
+
+        class PatchesTorch(RMSNorm):
+            def forward(self, x):
+                return torch.zeros_like(x)
+    """)
+    try:
+        row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/patches_torch", path, settings,
+                                tmp_path), "import_error")
+    finally:
+        if "double" in vars(torch.Tensor):
+            del torch.Tensor.double
+    assert "replaced torch.Tensor.double" in row["error"]
+
+
 def test_one_tuple_for_a_tensor_is_incorrect_shape(tmp_path, scenarios, settings):
     path = write(tmp_path / "candidates/rms_norm/tupled.py", """
         from kb_nano.operators.norms import RMSNorm

@@ -149,6 +149,24 @@ def make_inputs(scenario: dict, generator: torch.Generator, device: str, golden:
     return tensors, "golden" if provided else "random"
 
 
+def _torch_namespaces() -> dict[str, dict]:
+    """Snapshots of the torch namespaces a baseline calls into (``torch``, ``torch.Tensor``,
+    ``torch.nn.functional``), to catch a candidate that monkeypatches them on import."""
+    import torch.nn.functional as F
+
+    def attrs(obj):  # inherited names too: setting torch.Tensor.double shadows TensorBase's
+        return {k: getattr(obj, k, None) for k in dir(obj) if not k.startswith("__")}
+
+    return {"torch": attrs(torch), "torch.Tensor": attrs(torch.Tensor), "torch.nn.functional": attrs(F)}
+
+
+def _replaced(before: dict[str, dict], after: dict[str, dict]) -> list[str]:
+    """Names whose object changed between two :func:`_torch_namespaces` snapshots (names
+    that did not exist before, e.g. lazily imported submodules, are allowed)."""
+    return [f"{ns}.{k}" for ns, names in before.items() for k, v in names.items()
+            if k in after[ns] and after[ns][k] is not v]
+
+
 def tolerance(scenario: dict, settings: dict) -> tuple[float, float]:
     """Effective ``(atol, rtol)`` of a measurement.
 
@@ -208,12 +226,17 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
 
     op = operators.get(scenario["target"])
     baseline_attrs = dict(vars(op.baseline))
+    torch_attrs = _torch_namespaces()
     try:
         cls = load_class(candidate_path, scenario["target"])
     except CandidateError as exc:
         return row(exc.status, str(exc))
     if dict(vars(op.baseline)) != baseline_attrs:
         return row("import_error", f"importing the candidate modified the baseline class {op.baseline.__name__}")
+    patched = _replaced(torch_attrs, _torch_namespaces())
+    if patched:
+        return row("import_error", f"importing the candidate replaced {', '.join(patched[:3])}: the baseline "
+                                   "would run the candidate's code; a candidate may only define its module")
     supported = getattr(cls, "supported_devices", DEFAULT_DEVICES)
     if not isinstance(supported, (tuple, list)) or not all(isinstance(d, str) for d in supported):
         return row("import_error", f"{cls.__name__}.supported_devices must be a tuple of device types like ('cuda',), got {supported!r}")

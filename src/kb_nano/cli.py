@@ -48,10 +48,14 @@ def _read_yaml(path: Path) -> dict:
 
 
 def _base_config(root: Path, configfile: str | None) -> dict:
-    """``config/config.yaml`` updated with ``--configfile`` (as Snakemake layers them)."""
+    """``config/config.yaml`` updated with ``--configfile`` as Snakemake layers them:
+    nested sections (``e2e``, ``eval``, ``golden``) are merged key by key
+    (``snakemake.utils.update_config``), other keys replaced."""
+    from snakemake.utils import update_config
+
     config = _read_yaml(root / DEFAULT_CONFIG)
     if configfile:
-        config.update(_read_yaml(Path(configfile)))
+        update_config(config, _read_yaml(Path(configfile)))
     return config
 
 
@@ -105,10 +109,11 @@ _FLAG_FOR_KEY = {
 }
 
 
-def preflight(root: Path, base: dict, overrides: dict, source: str) -> dict:
+def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: bool = False) -> dict:
     """Check the effective config before Snakemake starts, so bad input gets one line:
     schema (``workflow/schemas/config.schema.yaml``), targets/categories, candidate files,
-    models. Returns the effective config. Raises ``KbNanoError``."""
+    models, output paths of every tier, a GPU for ``cuda`` (not needed for a ``dry_run``).
+    Returns the effective config. Raises ``KbNanoError``."""
     import jsonschema
 
     from kb_nano import workflow as kbw
@@ -126,7 +131,13 @@ def preflight(root: Path, base: dict, overrides: dict, source: str) -> dict:
     kbw.model_config_files(root, config)
     if str(config["device"]).startswith("cuda") and not gpus.pool():
         raise KbNanoError(f"device {config['device']!r}: no NVIDIA GPU is visible here; use --device auto or cpu")
-    _check_output_json(root, config["output_json"])
+    for tier, where in (("kernels", config), ("e2e", config.get("e2e") or {}), ("eval", config.get("eval") or {})):
+        if where.get("output_json"):
+            _check_output_json(root, where["output_json"], tier, config)
+    for section in ("e2e", "eval"):
+        dev = (overrides.get(section) or {}).get("device")
+        if dev == "cuda" and not gpus.pool() and not dry_run:  # planning needs no GPU
+            raise KbNanoError("--device cuda: no NVIDIA GPU is visible here; use --device auto or cpu")
     from kb_nano.tracking import check_reachable, is_server, resolve_tracking_uri
 
     uri = resolve_tracking_uri(root, config)
@@ -135,12 +146,26 @@ def preflight(root: Path, base: dict, overrides: dict, source: str) -> dict:
     return config
 
 
-def _check_output_json(root: Path, output_json: str) -> None:
-    """The merged JSON must land in a writable place that no other output uses."""
+def _check_output_json(root: Path, output_json: str, tier: str = "kernels", config: dict | None = None) -> None:
+    """The merged JSON of ``tier`` must land in a writable place that no other output
+    uses: not a file of the workflow itself (only under ``results/`` or outside the
+    workflow directory), not another tier's JSON or any Parquet/manifest/MLflow output,
+    not a directory. Raises ``KbNanoError`` (one line)."""
     path = Path(output_json) if Path(output_json).is_absolute() else root / output_json
-    reserved = {root / "results/kernels.parquet", root / "results/inputs/llm.yaml"}
-    if path.resolve() in {p.resolve() for p in reserved} or (root / "results/mlflow") in path.resolve().parents:
+    real, results = path.resolve(), (root / "results").resolve()
+    others = {t: (c or {}).get("output_json") for t, c in (("kernels", config), ("e2e", (config or {}).get("e2e")),
+                                                              ("eval", (config or {}).get("eval"))) if t != tier}
+    reserved = {root / f"results/{t}.parquet" for t in ("kernels", "e2e", "eval")} | {root / "results/inputs/llm.yaml"}
+    reserved |= {root / o for o in others.values() if o}
+    reserved |= {root / f"results/{t}.json" for t in ("kernels", "e2e", "eval") if t != tier}
+    owned = ("mlflow", "inputs", "golden", "kernels", "e2e", "eval", "logs", "plots", "mlflow-artifacts", ".locks")
+    if (real in {p.resolve() for p in reserved} or any((results / d) == real or (results / d) in real.parents for d in owned)):
         raise KbNanoError(f"--output-json {output_json}: that path belongs to another kb-nano output; pick another")
+    if root.resolve() in real.parents and results not in real.parents:
+        raise KbNanoError(f"--output-json {output_json}: inside the workflow directory but not under results/; "
+                          "it could overwrite a workflow file; pick a path under results/ or outside the workflow")
+    if path.is_dir():
+        raise KbNanoError(f"--output-json {output_json}: is a directory; give a file path ending in .json")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -454,10 +479,8 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
                           "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)")
     root = find_workflow_root()
     base = _base_config(root, args.configfile)
-    if args.configfile:  # Snakemake merges nested sections key by key; so does this preview
-        base["e2e"] = {**_read_yaml(root / DEFAULT_CONFIG).get("e2e", {}), **(base.get("e2e") or {})}
     e2e = _e2e_overrides(args, root, base)
-    preflight(root, base, {"e2e": e2e}, args.configfile or str(DEFAULT_CONFIG))
+    preflight(root, base, {"e2e": e2e}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
     output_json = e2e["output_json"]
     marker = marker_path("e2e")
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
@@ -488,7 +511,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
 
     root = find_workflow_root()
     base = _base_config(root, args.configfile)
-    ev = {**_read_yaml(root / DEFAULT_CONFIG).get("eval", {}), **(base.get("eval") or {})}
+    ev = dict(base.get("eval") or {})
     if args.model:
         ev["models"] = [str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m for m in args.model]
     for flag, key in (("tp", "tp"), ("category", "categories"), ("candidate", "candidates")):
@@ -503,11 +526,12 @@ def cmd_eval(args, passthrough: list[str]) -> int:
         visible = len(gpus.pool())
         if visible:  # the configured pool (default 8), capped by the GPUs this host has
             ev["gpu_pool"] = min(int(ev["gpu_pool"]), visible)
-    plan = eval_plan.plan(root, {**base, "eval": ev})  # one-line errors before Snakemake starts
+    # one-line errors before Snakemake starts: the schema first (tp >= 1, ...), then the plan
+    preflight(root, base, {"eval": ev}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
+    plan = eval_plan.plan(root, {**base, "eval": ev})
     if not args.dry_run and vllm_version() is None:
         raise KbNanoError("vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
                           "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)")
-    preflight(root, base, {"eval": ev}, args.configfile or str(DEFAULT_CONFIG))
     for key, tp, why in plan["skipped"]:
         print(f"skip {key} tp={tp}: {why}", file=sys.stderr)
     # On GPUs the pool bounds concurrency (--resources gpu=N) and the ids jobs lease (run_snakemake).
@@ -541,7 +565,21 @@ def _tracking_uri(args) -> tuple[Path, str]:
 
 def cmd_history(args, passthrough: list[str]) -> int:
     """``kb_nano history``: recorded runs as a table, or ``--compare RUN_A RUN_B``
-    per-scenario speedup changes; read through the MLflow client."""
+    per-scenario speedup changes; read through the MLflow client. A store MLflow cannot
+    read (e.g. a corrupt SQLite file) is a one-line error."""
+    try:
+        return _history(args, passthrough)
+    except KbNanoError:
+        raise
+    except Exception as exc:
+        if not type(exc).__module__.startswith(("sqlalchemy", "mlflow", "sqlite3", "alembic")):
+            raise
+        _, uri = _tracking_uri(args)
+        raise KbNanoError(f"the MLflow store {uri} cannot be read ({type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:160]}); move it away or point --tracking-uri elsewhere") from None
+
+
+def _history(args, passthrough: list[str]) -> int:
     from kb_nano import history
     from kb_nano.table import make_console
 

@@ -137,8 +137,9 @@ def _build_model(config: dict, num_layers: int, weights: Path | None, dtype):
             return AutoModelForCausalLM.from_pretrained(
                 str(weights), config=cfg, dtype=dtype, attn_implementation=CAPTURE_ATTENTION
             )
-        except (OSError, ValueError) as exc:
-            raise KbNanoError(f"--weights {weights}: cannot load the weights ({' '.join(str(exc).split())[:200]})") from None
+        except Exception as exc:  # OSError, ValueError, SafetensorError, ...: a bad weights directory
+            raise KbNanoError(f"--weights {weights}: cannot load the weights ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:200]})") from None
     torch.manual_seed(SEED)
     return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=CAPTURE_ATTENTION)
 

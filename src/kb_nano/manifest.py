@@ -156,6 +156,9 @@ def load(path: Path) -> dict:
             data = json.loads(text)
         except ValueError:  # a hand-written or older YAML manifest
             data = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        raise KbNanoError(f"{path}: not a readable manifest ({' '.join(str(exc).split())[:120]}); delete it "
+                          "(it is regenerated)") from None
     except FileNotFoundError:
         raise KbNanoError(f"{path}: manifest missing; run `kb_nano generate-inputs`") from None
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:

@@ -69,7 +69,9 @@ def merge(
             broken.append((Path(path), exc))
     table = pa.concat_tables(readable) if readable else read_rows([])
     for path, exc in broken:
-        reason = f"shard {path} is unreadable ({' '.join(str(exc).split())[:200]}); delete it and rerun"
+        reason = (f"shard {path} is unreadable ({' '.join(str(exc).split())[:160]}...); delete it and rerun with "
+                  "`-- --forcerun merge_kernels` (Snakemake does not rerun a job whose output was deleted "
+                  "when everything downstream is up to date)")
         scenario = (scenarios or {}).get(path.stem)
         if scenario is None:
             raise ValueError(reason)

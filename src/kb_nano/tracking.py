@@ -477,14 +477,24 @@ def log_kernels(
     root: Path,
     config: dict | None = None,
     marker: Path | None = None,
+    manifest_digest: str | None = None,
 ) -> dict:
     """Log the merged kernel results (``results/kernels.parquet`` + JSON) as one run of
     ``kb_nano/kernels`` via :func:`log_run`, keyed by :func:`result_digest` of the rows,
     the manifest and the candidate hashes. Artifacts: ``results/`` (Parquet, JSON),
     ``plots/``, ``inputs/`` (manifest). Writes the record as JSON to ``marker`` (atomic)
-    when given and returns it."""
-    from kb_nano.files import atomic_write_text
+    when given and returns it.
 
+    ``manifest_digest``: the manifest's ``inputs_digest`` this run was planned with; a
+    manifest file with another one was rewritten by a concurrent invocation (the Snakefile
+    computes it while parsing, before Snakemake's lock), and logging it would attach the
+    wrong provenance: raises ``KbNanoError`` instead."""
+    from kb_nano.files import atomic_write_text
+    from kb_nano.manifest import load as load_manifest
+
+    if manifest_digest is not None and load_manifest(manifest).get("inputs_digest") != manifest_digest:
+        raise KbNanoError(f"{manifest} was rewritten by another kb_nano/snakemake invocation while this one ran; "
+                          "rerun this command to log its results (its rows are kept)")
     tier = "kernels"
     rows = read_parquet_rows(parquet)
     cands = candidate_hashes(rows, root)

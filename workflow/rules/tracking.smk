@@ -55,6 +55,7 @@ rule log_mlflow_kernels:
         ENV
     params:
         tier="kernels",
+        manifest_digest=MANIFEST_DATA["inputs_digest"],
         tracking_uri=TRACKING_URI,
         config={k: v for k, v in config.items() if k != "mlflow_tracking_uri"},
     script:

@@ -24,6 +24,7 @@ with open(snakemake.log[0], "w") as log:
             record = log_kernels(
                 **common,
                 manifest=Path(snakemake.input.manifest),
+                manifest_digest=snakemake.params.manifest_digest,
                 plots=[Path(p) for p in snakemake.input.plots],
             )
         else:
@@ -31,6 +32,14 @@ with open(snakemake.log[0], "w") as log:
     except KbNanoError as exc:
         print(f"error: {exc}", file=log)
         print(f"kb-nano error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except Exception as exc:  # e.g. a corrupt SQLite store: say so in one line; the rows are kept
+        import traceback
+
+        traceback.print_exc(file=log)
+        first = " ".join(str(exc).split())[:200]
+        print(f"kb-nano error: MLflow logging failed ({type(exc).__name__}: {first}); the merged results are "
+              f"kept; check the store {snakemake.params.tracking_uri} (details: {snakemake.log[0]})", file=sys.stderr)
         sys.exit(1)
     what = "created run" if record["created"] else "unchanged inputs; kept run"
     print(f"{what} {record['run_id']} in {record['experiment']} ({record['tracking_uri']})", file=log)
