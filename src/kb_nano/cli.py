@@ -192,15 +192,12 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
     pool = gpus.pool()
     gpu_pool = getattr(args, "gpu_pool", None)
     if gpu_pool is not None:
-        if gpu_pool > len(pool) and args.dry_run:  # planning only: no device is leased
-            pool = [str(i) for i in range(gpu_pool)]
-        elif gpu_pool > len(pool):
+        if gpu_pool > len(pool):
             seen = f"only {len(pool)} ({','.join(pool)})" if pool else "none"
             raise KbNanoError(f"--gpu-pool {gpu_pool}: {seen} visible here (CUDA_VISIBLE_DEVICES / "
                               f"{gpus.POOL_ENV} / nvidia-smi); pass at most that many")
         pool = pool[:gpu_pool]
-        if not args.dry_run:
-            env[gpus.POOL_ENV] = ",".join(pool)
+        env[gpus.POOL_ENV] = ",".join(pool)
     if pool and "--resources" not in passthrough:
         # Snakemake only counts GPUs: at most one GPU job per device of the pool at once;
         # each job then leases a concrete device id (kb_nano.gpus).
@@ -534,8 +531,11 @@ def cmd_eval(args, passthrough: list[str]) -> int:
                           "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)")
     for key, tp, why in plan["skipped"]:
         print(f"skip {key} tp={tp}: {why}", file=sys.stderr)
-    # On GPUs the pool bounds concurrency (--resources gpu=N) and the ids jobs lease (run_snakemake).
-    args.gpu_pool = int(ev["gpu_pool"]) if plan["device"] == "cuda" else None
+    # On GPUs the pool bounds concurrency (--resources gpu=N) and the ids jobs lease
+    # (run_snakemake); a dry run only plans, so it needs no GPU of that count here.
+    args.gpu_pool = int(ev["gpu_pool"]) if plan["device"] == "cuda" and not args.dry_run else None
+    if plan["device"] == "cuda" and args.dry_run and "--resources" not in passthrough:
+        passthrough = [*passthrough, "--resources", f"gpu={ev['gpu_pool']}"]
     marker = marker_path("eval")
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
     code = run_snakemake(root, ["results/eval.parquet", ev["output_json"], marker], {"eval": ev}, args, passthrough)
