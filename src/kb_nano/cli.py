@@ -721,6 +721,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", nargs="+", action="extend", type=int, help="tensor-parallel degree(s)")
     p.add_argument("--num-tokens", nargs="+", action="extend", type=int, help="token count(s) per scenario")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
+    _snakemake_flags(p)
+
+
+def _snakemake_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every command that runs the workflow shares."""
     p.add_argument("--configfile", help="config file whose keys override config/config.yaml")
     p.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores: a positive number or 'all' (default)")
     p.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
@@ -764,10 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--weights", help="directory of local weights (default: random weights from the config)")
     c.add_argument("--num-layers", type=int, help="decoder layers to keep (default 2; 0 = all)")
     c.add_argument("--force", action="store_true", help="capture again even if the files are up to date")
-    c.add_argument("--configfile", help="config file whose keys override config/config.yaml")
-    c.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores (default all)")
-    c.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
-    c.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command")
+    _snakemake_flags(c)
     c.set_defaults(func=cmd_capture_golden)
 
     e = sub.add_parser("e2e", help="Tier 2: vLLM's own benchmarks with candidates swapped into the engine")
@@ -809,10 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--baseline", action="store_true", help="run only the baseline variant")
         p.add_argument("--timeout-s", type=float, help="seconds per job (default 900)")
         p.add_argument("--device", choices=["auto", "cpu", "cuda"])
-        p.add_argument("--configfile", help="config file whose keys override config/config.yaml")
-        p.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores (default all)")
-        p.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
-        p.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command and rule details")
+        _snakemake_flags(p)
         p.set_defaults(func=cmd_e2e)
 
     v = sub.add_parser("eval", help="Tier 3: standardized workloads x model x TP, baseline vs candidates (vLLM)")
@@ -831,10 +830,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU smoke run: lengths / 16, 16 prompts, 1+3 latency iterations (recorded in every row)")
     v.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto (default) | cpu | cuda")
     v.add_argument("--timeout-s", type=float, help="seconds per job (default 3600)")
-    v.add_argument("--configfile", help="config file whose keys override config/config.yaml")
-    v.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores (default all)")
-    v.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
-    v.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command")
+    _snakemake_flags(v)
     v.set_defaults(func=cmd_eval)
 
     h = sub.add_parser("history", help="past runs recorded in MLflow; --compare two of them")
