@@ -313,6 +313,18 @@ def _print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> 
     print(f"MLflow: {how} {rec['run_id']} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
 
 
+def _workflow_failed(root: Path, code: int, tier: str) -> int:
+    """Say that Snakemake failed, where the rows already written are kept and, when the
+    directory is locked, how to unlock it; returns ``code``."""
+    print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
+          f"{root / 'results' / tier}; see the messages above", file=sys.stderr)
+    if any((root / ".snakemake/locks").glob("*")):
+        command = {"kernels": "kernels", "e2e": "e2e latency", "eval": "eval"}[tier]
+        print("hint: the directory is locked; if no other kb_nano/snakemake run is active, "
+              f"run `kb_nano {command} -- --unlock`", file=sys.stderr)
+    return code
+
+
 def cmd_kernels(args, passthrough: list[str]) -> int:
     """``kb_nano kernels``: run the Tier-1 DAG and print the merged table."""
     root = find_workflow_root()
@@ -332,12 +344,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
     code = run_snakemake(root, ["results/kernels.parquet", output_json, marker], config, args, passthrough)
     if code != 0:
-        print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
-              f"{root / 'results/kernels'}; see the messages above", file=sys.stderr)
-        if any((root / ".snakemake/locks").glob("*")):
-            print("hint: the directory is locked; if no other kb_nano/snakemake run is active, "
-                  "run `kb_nano kernels -- --unlock`", file=sys.stderr)
-        return code
+        return _workflow_failed(root, code, "kernels")
     if args.dry_run:
         return 0
     from kb_nano.table import print_kernels
@@ -483,9 +490,7 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
     code = run_snakemake(root, ["results/e2e.parquet", output_json, marker], {"e2e": e2e}, args, passthrough)
     if code != 0:
-        print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
-              f"{root / 'results/e2e'}; see the messages above", file=sys.stderr)
-        return code
+        return _workflow_failed(root, code, "e2e")
     if args.dry_run:
         return 0
     from kb_nano.table import print_e2e
@@ -540,9 +545,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
     code = run_snakemake(root, ["results/eval.parquet", ev["output_json"], marker], {"eval": ev}, args, passthrough)
     if code != 0:
-        print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
-              f"{root / 'results/eval'}; see the messages above", file=sys.stderr)
-        return code
+        return _workflow_failed(root, code, "eval")
     if args.dry_run:
         return 0
     from kb_nano.table import print_eval

@@ -398,8 +398,48 @@ def log_run(
     artifacts: dict[str, list[Path]],
     run_name: str | None = None,
     lock_timeout_s: float = 600.0,
+    marker: Path | None = None,
 ) -> dict:
     """Record one result set as an MLflow run, idempotently.
+
+    A ``params["git_sha"]`` other than ``unknown`` also becomes the
+    ``mlflow.source.git.commit`` tag; with ``marker`` the returned record is written
+    there as JSON (atomic; the log rule's output).
+
+    If a FINISHED run tagged ``kb_nano.digest = digest`` exists in ``kb_nano/{tier}`` it
+    is returned (``created: False``) and nothing is written. Otherwise a run is created
+    with ``params`` (values truncated to 6000 chars), ``metrics`` (step 0), ``tags`` (plus
+    tier and digest) and ``artifacts`` (``{artifact dir: [local files]}``), then set
+    FINISHED (FAILED if logging raises). SQLite writers hold :func:`store_lock`; against a
+    server a concurrent duplicate is resolved by keeping the oldest run.
+
+    Returns ``{tier, experiment, experiment_id, run_id, run_name, digest, tracking_uri,
+    artifact_uri, created}``. Raises ``KbNanoError`` for an unreachable server.
+    """
+    from kb_nano.files import atomic_write_text
+
+    if params.get("git_sha", "unknown") != "unknown":
+        tags = {**tags, "mlflow.source.git.commit": params["git_sha"].split(",")[0].removesuffix("-dirty")}
+    record = _log_run(tier=tier, tracking_uri=tracking_uri, digest=digest, params=params, metrics=metrics, tags=tags,
+                      artifacts=artifacts, run_name=run_name, lock_timeout_s=lock_timeout_s)
+    if marker is not None:
+        atomic_write_text(Path(marker), json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def _log_run(
+    *,
+    tier: str,
+    tracking_uri: str,
+    digest: str,
+    params: dict[str, str],
+    metrics: dict[str, float],
+    tags: dict[str, str],
+    artifacts: dict[str, list[Path]],
+    run_name: str | None = None,
+    lock_timeout_s: float = 600.0,
+) -> dict:
+    """The MLflow part of :func:`log_run`.
 
     If a FINISHED run tagged ``kb_nano.digest = digest`` exists in ``kb_nano/{tier}`` it
     is returned (``created: False``) and nothing is written. Otherwise a run is created
@@ -489,7 +529,6 @@ def log_kernels(
     manifest file with another one was rewritten by a concurrent invocation (the Snakefile
     computes it while parsing, before Snakemake's lock), and logging it would attach the
     wrong provenance: raises ``KbNanoError`` instead."""
-    from kb_nano.files import atomic_write_text
     from kb_nano.manifest import load as load_manifest
 
     if manifest_digest is not None and load_manifest(manifest).get("inputs_digest") != manifest_digest:
@@ -509,8 +548,6 @@ def log_kernels(
         **{f"{CANDIDATE_TAG_PREFIX}{cid}": sha or "unknown" for cid, sha in cands.items()},
     }
     params = kernel_params(rows, config, root)
-    if params["git_sha"] != "unknown":
-        tags["mlflow.source.git.commit"] = params["git_sha"].split(",")[0].removesuffix("-dirty")
     record = log_run(
         tier=tier,
         tracking_uri=tracking_uri,
@@ -520,9 +557,8 @@ def log_kernels(
         tags=tags,
         artifacts={"results": [Path(parquet), Path(json_path)], "plots": [Path(p) for p in plots], "inputs": [Path(manifest)]},
         run_name=f"{tier}-{digest[:12]}",
+        marker=marker,
     )
-    if marker is not None:
-        atomic_write_text(Path(marker), json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
 
 
@@ -620,7 +656,6 @@ def log_e2e(
     the candidate hashes (same digest -> no new run). Artifacts: ``results/`` (Parquet,
     JSON) and ``vllm/`` (each ok job's vLLM ``--output-json`` file). Writes the record to
     ``marker`` (atomic) when given and returns it."""
-    from kb_nano.files import atomic_write_text
 
     rows = read_parquet_rows(parquet)
     cands = e2e_candidate_hashes(rows)
@@ -638,8 +673,6 @@ def log_e2e(
         params.update({"smoke": str(bool(ev.get("smoke"))), "num_prompts": str(ev.get("num_prompts", "")),
                        "gpu_pool": str(ev.get("gpu_pool", ""))})
         tags["kb_nano.smoke"] = params["smoke"]
-    if params["git_sha"] != "unknown":
-        tags["mlflow.source.git.commit"] = params["git_sha"].split(",")[0].removesuffix("-dirty")
     vllm_files = sorted({Path(r["vllm_json"]) for r in rows if r["status"] == "ok" and r.get("vllm_json")})
     record = log_run(
         tier=tier,
@@ -650,9 +683,8 @@ def log_e2e(
         tags=tags,
         artifacts={"results": [Path(parquet), Path(json_path)], **_vllm_artifacts(vllm_files, root)},
         run_name=f"{tier}-{digest[:12]}",
+        marker=marker,
     )
-    if marker is not None:
-        atomic_write_text(Path(marker), json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
 
 
