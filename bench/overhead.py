@@ -78,9 +78,9 @@ def _phases_child(spec_path: str) -> None:
         events["exclusive"].append((t0, time.perf_counter()))
 
     def time_pair(*a, **k):
-        base, cand = real_time_pair(*a, **k)
-        events["kernel_ms"].append(sum(base) + sum(cand))
-        return base, cand
+        t = real_time_pair(*a, **k)
+        events["kernel_ms"].append(sum(t.baseline_ms) + sum(t.candidate_ms))
+        return t
 
     bench.make_tensor = wrap_make_tensor(bench.make_tensor)
     bench.compare = wrap_compare(bench.compare)

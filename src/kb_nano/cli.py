@@ -88,7 +88,8 @@ def _overrides(args, root: Path, base: dict) -> dict:
     for flag, key in (("target", "targets"), ("category", "categories"), ("candidate", "candidates")):
         if getattr(args, flag, None):
             cfg[key] = getattr(args, flag)
-    for flag in ("num_warmup", "num_runs", "atol", "rtol", "device", "output_json", "timeout_s", "dtype"):
+    for flag in ("num_warmup", "num_runs", "num_trials", "atol", "rtol", "device", "output_json", "timeout_s", "dtype",
+                 "cuda_graph", "float32_matmul_precision", "memory_limit_gb"):
         value = getattr(args, flag, None)
         if value is not None:
             cfg[flag] = value
@@ -106,6 +107,8 @@ _FLAG_FOR_KEY = {
     "categories": "--category", "candidates": "--candidate", "num_warmup": "--num-warmup",
     "num_runs": "--num-runs", "atol": "--atol", "rtol": "--rtol", "device": "--device",
     "timeout_s": "--timeout-s", "output_json": "--output-json", "dtype": "--dtype",
+    "num_trials": "--num-trials", "cuda_graph": "--cuda-graph", "float32_matmul_precision": "--float32-matmul-precision",
+    "memory_limit_gb": "--memory-limit-gb",
 }
 
 
@@ -750,7 +753,14 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--atol", type=float, help="absolute tolerance (default 0.01)")
     k.add_argument("--rtol", type=float, help="relative tolerance (default 0.01; 0 = max-abs-error only)")
     k.add_argument("--device", help="auto | cpu | cuda[:i] (default auto)")
-    k.add_argument("--timeout-s", type=float, help="seconds per kernel job (default 600)")
+    k.add_argument("--timeout-s", type=float, help="seconds per kernel job, i.e. per scenario (default 600)")
+    k.add_argument("--num-trials", type=int, help="correctness trials on fresh inputs before timing (default 3, at least 2)")
+    k.add_argument("--cuda-graph", action="store_true", default=None,
+                   help="also time CUDA-graph replays of both sides (separate columns; CUDA only)")
+    k.add_argument("--float32-matmul-precision", choices=["highest", "high", "medium"],
+                   help="torch.set_float32_matmul_precision for both sides (default highest: no TF32)")
+    k.add_argument("--memory-limit-gb", type=float,
+                   help="address-space cap of a CPU worker in GiB; a candidate past it gets runtime_error (default none)")
     k.add_argument("--output-json", help="merged JSON path (default results/kernels.json)")
     k.add_argument("--list", action="store_true", help="list the operators (targets) and exit")
     k.add_argument("--level", type=int, choices=[1, 2, 3, 4], help="with --list: only this level")

@@ -25,7 +25,9 @@ def geomean(values) -> float | None:
 
 def summarize(rows: list[dict]) -> dict:
     """Counts per status, pass rate and geometric-mean speedup over passed rows, overall
-    and per candidate. ``pass_rate`` = passed / (rows not skipped)."""
+    and per candidate. ``pass_rate`` = passed / (rows not skipped); ``significant`` =
+    passed rows whose speedup interval excludes 1.0; ``review`` = rows flagged for
+    review (implausible speedup, :mod:`kb_nano.roofline`)."""
     def block(rs):
         counted = [r for r in rs if r["status"] != "skipped"]
         passed = [r for r in counted if r["status"] == "passed"]
@@ -34,6 +36,8 @@ def summarize(rows: list[dict]) -> dict:
             "by_status": {s: sum(r["status"] == s for r in rs) for s in sorted({r["status"] for r in rs})},
             "pass_rate": len(passed) / len(counted) if counted else None,
             "geomean_speedup": geomean(r["speedup"] for r in passed),
+            "significant": sum(bool(r.get("significant")) for r in passed),
+            "review": sum(bool(r.get("review")) for r in rs),
         }
 
     candidates = sorted({r["candidate"] for r in rows})

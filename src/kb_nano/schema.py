@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from kb_nano.files import atomic_path
 
-SCHEMA_VERSION = 2  # 2: gpu_ids
+SCHEMA_VERSION = 3  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline
 
 STATUSES = (
     "passed",
@@ -29,6 +29,12 @@ STATUSES = (
     "timeout",
     "crashed",
     "skipped",
+    # anti-cheat rules (kb_nano.checks)
+    "tampered",
+    "invalid_output",
+    "output_aliased",
+    "input_mutated",
+    "unsynced_work",
 )
 
 KERNEL_SCHEMA = pa.schema(
@@ -60,6 +66,23 @@ KERNEL_SCHEMA = pa.schema(
         ("speedup", pa.float64()),
         ("baseline_ms_iqr", pa.float64()),
         ("candidate_ms_iqr", pa.float64()),
+        ("speedup_ci_low", pa.float64()),  # paired bootstrap 95% interval of speedup (kb_nano.timing.speedup_ci)
+        ("speedup_ci_high", pa.float64()),
+        ("significant", pa.bool_()),  # the interval excludes 1.0
+        ("baseline_wall_ms", pa.float64()),  # CUDA: median host time of a call + device-wide synchronize
+        ("candidate_wall_ms", pa.float64()),
+        ("hidden_work_ms", pa.float64()),  # CUDA: per-call device time the candidate's events missed
+        ("baseline_graph_ms", pa.float64()),  # CUDA-graph replay medians (cuda_graph: true); never mixed with eager
+        ("candidate_graph_ms", pa.float64()),
+        ("graph_speedup", pa.float64()),
+        ("graph_error", pa.string()),  # why a side could not be captured as a CUDA graph
+        ("l2_flush_bytes", pa.int64()),  # zeroed before each CUDA call (2 x the device's L2)
+        ("float32_matmul_precision", pa.string()),  # fixed for both sides
+        ("allow_tf32", pa.bool_()),
+        ("num_trials", pa.int32()),  # correctness trials before timing
+        ("roofline_ms", pa.float64()),  # lower bound of one call from measured peaks (kb_nano.roofline)
+        ("device_copy_gbps", pa.float64()),  # measured device copy bandwidth, GB/s (read + write)
+        ("review", pa.string()),  # set when the result needs a person's look (implausible speedup)
         ("bytes_moved", pa.int64()),
         ("flops", pa.int64()),
         ("num_warmup", pa.int32()),

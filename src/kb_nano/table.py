@@ -35,17 +35,34 @@ def _note(r: dict) -> str:
         if r.get(f"{side}_ms") and r.get(f"{side}_ms_iqr") is not None
         and r[f"{side}_ms_iqr"] > NOISY_IQR_FRACTION * r[f"{side}_ms"]
     ]
-    notes = ["golden inputs"] if r.get("input_source") == "golden" else []
+    notes = [f"REVIEW {r['review']}"] if r.get("review") else []
+    if r.get("significant") is False:
+        notes.append("not significant: the 95% CI contains 1.0")
+    if r.get("graph_speedup") is not None:
+        notes.append(f"CUDA graph {r['baseline_graph_ms']:.4f} vs {r['candidate_graph_ms']:.4f} ms = {r['graph_speedup']:.2f}x")
+    elif r.get("graph_error"):
+        notes.append(f"no CUDA graph: {r['graph_error']}")
+    if r.get("input_source") == "golden":
+        notes.append("golden inputs")
     if noisy:
         notes.append(f"noisy: {' and '.join(noisy)} IQR > {NOISY_IQR_FRACTION:.0%} of median")
     return "; ".join(notes)
 
 
+def _ci(r: dict) -> str:
+    lo, hi = r.get("speedup_ci_low"), r.get("speedup_ci_high")
+    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
+        return "-"
+    return f"{lo:.2f}-{hi:.2f}"
+
+
 def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
     """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline and
-    candidate median ms ± IQR (ms), speedup (baseline median / candidate median), and the
-    error, or notes: "golden inputs" (captured tensors, see :mod:`kb_nano.golden`) and a
-    "noisy" flag when an IQR exceeds 25% of its median."""
+    candidate median ms ± IQR (ms), speedup (baseline median / candidate median), its
+    paired bootstrap 95% interval, and the error, or notes: a roofline "REVIEW" flag,
+    "not significant" when the interval contains 1.0, CUDA-graph replay times when
+    measured, "golden inputs" (captured tensors, see :mod:`kb_nano.golden`) and a "noisy"
+    flag when an IQR exceeds 25% of its median."""
     table = Table(title=title, show_lines=False)
     for col, justify in (
         ("scenario", "left"),
@@ -55,6 +72,7 @@ def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
         ("baseline ms ±IQR", "right"),
         ("candidate ms ±IQR", "right"),
         ("speedup", "right"),
+        ("95% CI", "right"),
         ("note", "left"),
     ):
         table.add_column(col, justify=justify, overflow="fold", no_wrap=col in ("scenario", "candidate"))
@@ -69,6 +87,7 @@ def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
             _ms(r.get("baseline_ms"), r.get("baseline_ms_iqr")),
             _ms(r.get("candidate_ms"), r.get("candidate_ms_iqr")),
             _num(speed, ".2f") + ("x" if speed is not None and not (isinstance(speed, float) and math.isnan(speed)) else ""),
+            _ci(r),
             escape(_note(r)),
         )
     return table
@@ -88,9 +107,13 @@ def print_kernels(rows: list[dict], summary: dict, console: Console | None = Non
     by_status = ", ".join(f"{n} {s}" for s, n in summary["by_status"].items())
     rate = summary["pass_rate"]
     gm = summary["geomean_speedup"]
+    sig = summary.get("significant")
+    review = summary.get("review")
     console.print(
         f"{summary['rows']} rows: {by_status}; pass rate {_num(rate * 100 if rate is not None else None, '.0f')}%"
         f"; geomean speedup over passed {_num(gm, '.3f')}x"
+        + (f"; {sig} of the passed significantly different from the baseline (95% CI excludes 1.0)" if sig is not None else "")
+        + (f"; {review} flagged for REVIEW" if review else "")
     )
 
 

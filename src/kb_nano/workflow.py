@@ -169,7 +169,12 @@ def settings(config: dict) -> dict:
         "rtol": None if config.get("rtol") is None else float(config["rtol"]),
         "num_warmup": int(config["num_warmup"]),
         "num_runs": int(config["num_runs"]),
+        "num_trials": int(config.get("num_trials", 3)),
         "timeout_s": float(config["timeout_s"]),
+        "cuda_graph": bool(config.get("cuda_graph", False)),
+        "float32_matmul_precision": str(config.get("float32_matmul_precision", "highest")),
+        "memory_limit_gb": None if config.get("memory_limit_gb") is None else float(config["memory_limit_gb"]),
+        "roofline": {k: v for k, v in (config.get("roofline") or {}).items() if v is not None},
     }
 
 

@@ -38,6 +38,11 @@ class Operator:
         tolerance: ``dtype name -> (atol, rtol)`` of the correctness check for this
             operator class (see :data:`TOLERANCES`); used unless the config sets a global
             ``atol``/``rtol``. Integer outputs are always compared exactly.
+        mutable_inputs: names of the inputs the operator's contract lets a call write (and
+            return views of), as vLLM's in-place kernels do (``fused_add_rms_norm``:
+            ``x``/``residual``; ``rotary_embedding``: ``query``/``key``). Any other input
+            must hold the same bytes after the call (``input_mutated``) and share no
+            memory with an output (``output_aliased``); see :mod:`kb_nano.checks`.
     """
 
     name: str
@@ -51,6 +56,7 @@ class Operator:
     applies_to: Callable[[dict], bool] = field(default=lambda facts: True)
     variants: Callable[[dict, dict], list[tuple[str, dict]]] = field(default=lambda facts, options: [("", {})])
     tolerance: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(TOLERANCES["pointwise"]))
+    mutable_inputs: tuple[str, ...] = ()
 
 
 # Correctness tolerances (atol, rtol) per operator numerics class and dtype; a candidate
@@ -162,6 +168,25 @@ def make_tensor(spec: dict, generator: torch.Generator, device: str) -> torch.Te
     else:
         raise ValueError(f"unknown input distribution {init['dist']!r} for {spec['name']}")
     return t.to(device=device, dtype=DTYPES[spec["dtype"]])
+
+
+def refill_(tensor: torch.Tensor, spec: dict, generator: torch.Generator) -> torch.Tensor:
+    """Overwrite ``tensor`` in place with fresh values of ``spec``'s distribution, drawn on
+    the tensor's device with ``generator`` (a generator on that device). Used between
+    timed calls, where values must be new but need not match across devices.
+    Raises ``ValueError`` for an unknown ``init.dist``."""
+    init = spec["init"]
+    if init["dist"] == "normal":
+        tensor.normal_(0.0, float(init["std"]), generator=generator)
+    elif init["dist"] == "randint":
+        tensor.random_(int(init["low"]), int(init["high"]), generator=generator)
+    elif init["dist"] == "uniform":
+        tensor.uniform_(float(init["low"]), float(init["high"]), generator=generator)
+    elif init["dist"] == "exponential":
+        tensor.exponential_(1.0, generator=generator).clamp_(min=torch.finfo(torch.float32).tiny)
+    else:
+        raise ValueError(f"unknown input distribution {init['dist']!r} for {spec['name']}")
+    return tensor
 
 
 def shard(value: int, tp: int, what: str) -> int:

@@ -169,5 +169,6 @@ OPERATORS = {
         inputs=_fused_inputs,
         traffic=_fused_traffic,
         used_in="layers.*.input_layernorm (layers >= 1), layers.*.post_attention_layernorm",
+        mutable_inputs=("x", "residual"),  # vLLM's fused_add_rms_norm writes both in place
     ),
 }

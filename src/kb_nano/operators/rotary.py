@@ -173,5 +173,6 @@ OPERATORS = {
         inputs=_inputs,
         traffic=_traffic,
         used_in="layers.*.self_attn.rotary_emb (on q and k after qkv_proj)",
+        mutable_inputs=("query", "key"),  # vLLM's rotary_embedding rotates them in place
     ),
 }

@@ -1,0 +1,101 @@
+"""Roofline bound of one call, from the device's measured copy bandwidth and matmul rate,
+to flag implausible speedups for review (issue 7).
+
+A call that moves ``bytes_moved`` bytes and does ``flops`` floating-point operations
+(the operator's minimum traffic, recorded in the manifest) cannot take less than
+``max(bytes_moved / copy_bandwidth, flops / matmul_rate)`` (Williams, Waterman &
+Patterson, "Roofline", CACM 52(4), 2009), where both peaks are measured on this device:
+a device-to-device copy (bytes read + written per second) and a square matmul in the
+scenario dtype. A candidate faster than :data:`MARGIN` times that bound is flagged in the
+row's ``review`` column: the status stays as measured, a person looks. The peaks are
+measured once per host, device, torch version and dtype and cached under
+``results/.device/`` (the config's ``roofline`` block overrides them).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import torch
+
+from kb_nano import timing
+
+MARGIN = 0.8  # flag below 80% of the bound: measured peaks are ~90-95% of datasheet peaks
+COPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # copy size: far above L2 (H200: 60 MB) / a CPU's LLC
+MATMUL_N = {"cuda": 8192, "cpu": 1024}
+
+
+def _time_best_ms(fn, device: torch.device, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = timing._Event(enable_timing=True), timing._Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            timing._synchronize(device)
+            best = min(best, start.elapsed_time(end))
+        else:
+            t0 = timing._perf_counter_ns()
+            fn()
+            best = min(best, (timing._perf_counter_ns() - t0) / 1e6)
+    return best
+
+
+def measure_peaks(device: torch.device, dtype: torch.dtype) -> dict:
+    """Measured peaks of ``device``: ``copy_gbps`` (GB/s, 1e9 bytes, read + write of a
+    ``COPY_BYTES`` copy, best of 5) and ``matmul_tflops`` (1e12 flop/s, ``2 n^3`` of an
+    ``n x n`` matmul in ``dtype``, best of 5)."""
+    kind = device.type
+    src = torch.empty(COPY_BYTES[kind] // 2, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    copy_ms = _time_best_ms(lambda: dst.copy_(src), device, 5)
+    del src, dst
+    n = MATMUL_N[kind]
+    mm_dtype = dtype if dtype.is_floating_point else torch.float32
+    a = torch.randn(n, n, device=device).to(mm_dtype)
+    b = torch.randn(n, n, device=device).to(mm_dtype)
+    mm_ms = _time_best_ms(lambda: a @ b, device, 5)
+    return {"copy_gbps": COPY_BYTES[kind] / copy_ms / 1e6, "matmul_tflops": 2 * n**3 / mm_ms / 1e9}
+
+
+def peaks(device: torch.device, device_name: str, dtype: torch.dtype, cache_dir: Path, overrides: dict | None = None) -> dict:
+    """The device's peaks (see :func:`measure_peaks`), read from
+    ``cache_dir/{host}-{device}-{dtype}.json`` or measured and written there; keys in
+    ``overrides`` (the config's ``roofline`` block, non-null values) replace measured
+    ones. Call it while holding the device's timing lock."""
+    from kb_nano.files import atomic_path
+
+    safe = "".join(c if c.isalnum() else "_" for c in f"{socket.gethostname()}-{device_name}-{torch.__version__}-{dtype}")
+    path = cache_dir / f"{safe}.json"
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        value = measure_peaks(device, dtype)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            Path(tmp).write_text(json.dumps(value))
+    value.update({k: float(v) for k, v in (overrides or {}).items() if v is not None})
+    return value
+
+
+def bound_ms(bytes_moved: int | None, flops: int | None, peak: dict) -> float | None:
+    """Lower bound in ms of one call: ``max(bytes / copy_gbps, flops / matmul_tflops)``;
+    None when neither traffic figure is known."""
+    terms = []
+    if bytes_moved:
+        terms.append(bytes_moved / (peak["copy_gbps"] * 1e6))
+    if flops:
+        terms.append(flops / (peak["matmul_tflops"] * 1e9))
+    return max(terms) if terms else None
+
+
+def review(candidate_ms: float, bound: float | None, peak: dict) -> str | None:
+    """The review message when ``candidate_ms`` is below ``MARGIN`` x ``bound``, else None."""
+    if bound is None or candidate_ms >= MARGIN * bound:
+        return None
+    return (f"implausible: candidate {candidate_ms:.4g} ms is below the roofline bound {bound:.4g} ms "
+            f"(measured copy {peak['copy_gbps']:.0f} GB/s, matmul {peak['matmul_tflops']:.1f} TFLOP/s); check the result by hand")

@@ -1,0 +1,185 @@
+"""Timing statistics, the anti-cheat rule functions and the roofline review, on synthetic
+data and real CPU calls (the CUDA paths run on a GPU host: tests/test_adversarial.py
+--device cuda, bench/fidelity.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from kb_nano import checks, roofline, timing
+from kb_nano.bench import set_precision
+
+
+def test_speedup_ci_brackets_the_ratio_and_is_deterministic():
+    rng = np.random.default_rng(0)
+    base = list(2.0 + rng.normal(0, 0.05, 200))
+    cand = list(1.0 + rng.normal(0, 0.05, 200))
+    lo, hi = timing.speedup_ci(base, cand, seed=7)
+    assert lo < 2.0 < hi and hi - lo < 0.2
+    assert (lo, hi) == timing.speedup_ci(base, cand, seed=7)
+
+
+def test_speedup_ci_of_equal_sides_contains_one():
+    rng = np.random.default_rng(1)
+    same = list(1.0 + rng.normal(0, 0.1, 100))
+    other = list(1.0 + rng.normal(0, 0.1, 100))
+    lo, hi = timing.speedup_ci(same, other, seed=0)
+    assert lo < 1.0 < hi
+
+
+def test_speedup_ci_pairs_calls_so_shared_drift_cancels():
+    """Both sides slow down together over the run (drift); paired resampling keeps the
+    interval tight around the true ratio 1.25."""
+    drift = np.linspace(1.0, 3.0, 100)
+    lo, hi = timing.speedup_ci(list(1.25 * drift), list(drift), seed=0)
+    assert lo <= 1.25 <= hi
+
+
+def test_speedup_ci_rejects_unpaired_samples():
+    with pytest.raises(ValueError, match="paired"):
+        timing.speedup_ci([1.0, 2.0], [1.0], seed=0)
+
+
+def test_time_pair_on_cpu_refreshes_before_every_call():
+    seen = []
+    slots = [torch.zeros(4), torch.zeros(4)]
+    gen = torch.Generator().manual_seed(0)
+
+    def refresh(i):
+        slots[i % 2].normal_(generator=gen)
+
+    def call(i):
+        seen.append(slots[i % 2].clone())
+
+    t = timing.time_pair(call, call, refresh, torch.device("cpu"), num_warmup=2, num_runs=5)
+    assert len(t.baseline_ms) == len(t.candidate_ms) == 5 and t.l2_flush_bytes == 0
+    assert len(seen) == 14
+    # both sides of one iteration see the same values; no two iterations do
+    pairs = [seen[i] for i in range(0, 14, 2)]
+    assert all(torch.equal(seen[i], seen[i + 1]) for i in range(0, 14, 2))
+    assert len({tuple(p.tolist()) for p in pairs}) == 7
+    assert timing.hidden_work_ms(t) is None
+
+
+def test_hidden_work_is_baseline_calibrated():
+    t = timing.Timings(
+        baseline_ms=[], candidate_ms=[],
+        baseline_wall_ms=[0.030] * 5, baseline_event_ms=[0.020] * 5,  # 10 us of launch + sync latency
+        candidate_wall_ms=[0.110] * 5, candidate_event_ms=[0.005] * 5,  # 95 us more than its events saw... minus 10
+    )
+    assert timing.hidden_work_ms(t) == pytest.approx(0.095)
+    assert timing.hidden_work_ms(t) > timing.hidden_work_limit_ms(0.005)
+    honest = timing.Timings([], [], [0.03] * 5, [0.032] * 5, [0.02] * 5, [0.021] * 5)
+    assert timing.hidden_work_ms(honest) < timing.hidden_work_limit_ms(0.021)
+
+
+def test_output_aliasing_rules():
+    x = torch.zeros(8, 4)
+    out = x[:, :2]
+    assert checks.aliased_outputs(out, {"x": x}, ())[0] == "output_aliased"
+    assert checks.aliased_outputs(out, {"x": x}, ("x",)) is None  # the contract lets it write x
+    a = torch.zeros(16)
+    assert checks.aliased_outputs((a[:8], a[4:12]), {}, ())[0] == "output_aliased"  # outputs overlap
+    assert checks.aliased_outputs((a[:8], a[8:]), {}, ()) is None  # same storage, disjoint bytes
+    assert "previous call" in checks.aliased_outputs(a, {}, (), previous=a[3:5])[1]
+    assert checks.aliased_outputs(torch.zeros(3), {"x": x}, (), previous=torch.zeros(3)) is None
+
+
+def test_mutation_rule_is_bitwise_and_nan_safe():
+    x = torch.tensor([1.0, float("nan")])
+    before = {"x": x.clone()}
+    assert checks.mutated_inputs(before, {"x": x}, ()) is None  # NaN == NaN bitwise
+    x[0] = -0.0 + 1.0 - 1.0  # 0.0: one element changed
+    status, msg = checks.mutated_inputs(before, {"x": x}, ())
+    assert status == "input_mutated" and "input 'x'" in msg
+    assert checks.mutated_inputs(before, {"x": x}, ("x",)) is None
+
+
+def test_invalid_output_rule():
+    class Sub(torch.Tensor):
+        pass
+
+    assert checks.invalid_outputs(torch.zeros(2), torch.device("cpu")) is None
+    assert checks.invalid_outputs(torch.zeros(2).as_subclass(Sub), torch.device("cpu"))[0] == "invalid_output"
+    assert "layout" in checks.invalid_outputs(torch.eye(3).to_sparse(), torch.device("cpu"))[1]
+    assert "conjugate" in checks.invalid_outputs(torch.zeros(2, dtype=torch.complex64).conj(), torch.device("cpu"))[1]
+    assert checks.invalid_outputs(torch.zeros(2, device="meta"), torch.device("cpu"))[0] == "invalid_output"
+
+
+def test_changed_after_return_and_busy_threads():
+    out = torch.zeros(1000)
+    snap = checks.snapshot(out)
+    assert checks.changed_after_return(out, snap, torch.device("cpu"), 0.001) is None
+    before = checks.thread_idents()
+
+    def late_writer():
+        time.sleep(0.005)
+        out.fill_(1.0)
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:  # keep using CPU after the "call" returned
+            pass
+
+    t = threading.Thread(target=late_writer, name="late")
+    t.start()
+    assert checks.changed_after_return(out, snap, torch.device("cpu"), 0.02)[0] == "unsynced_work"
+    found = checks.busy_new_threads(before, 0.02)
+    t.join()
+    assert found is not None and "'late'" in found[1]
+    idle = threading.Thread(target=time.sleep, args=(0.2,), name="idle")
+    idle.start()
+    assert checks.busy_new_threads(before, 0.02) is None  # alive but idle: allowed
+    idle.join()
+
+
+def test_namespaces_detect_replaced_clock_and_precision():
+    guard = checks.Namespaces()
+    assert guard.check("now") is None
+    real = timing._perf_counter_ns
+    try:
+        timing._perf_counter_ns = lambda: 0
+        status, msg = guard.check("after timing")
+        assert status == "tampered" and "kb_nano.timing._perf_counter_ns" in msg
+    finally:
+        timing._perf_counter_ns = real
+    assert guard.check("now") is None
+    prev = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        assert "float32_matmul_precision" in guard.check("x")[1]
+    finally:
+        torch.set_float32_matmul_precision(prev)
+
+
+def test_set_precision_fixes_tf32_for_both_switches():
+    prev = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        assert set_precision("highest") is False and torch.backends.cudnn.allow_tf32 is False
+        assert set_precision("high") is True and torch.backends.cudnn.allow_tf32 is True
+        with pytest.raises(ValueError, match="float32_matmul_precision"):
+            set_precision("fast")
+    finally:
+        torch.set_float32_matmul_precision(prev[0])
+        torch.backends.cudnn.allow_tf32 = prev[1]
+
+
+def test_roofline_bound_and_review():
+    peak = {"copy_gbps": 1000.0, "matmul_tflops": 100.0}
+    # 1 GB at 1000 GB/s = 1 ms; 1e11 flop at 100 TFLOP/s = 1 ms; the larger term wins
+    assert roofline.bound_ms(10**9, 0, peak) == pytest.approx(1.0)
+    assert roofline.bound_ms(10**9, 2 * 10**11, peak) == pytest.approx(2.0)
+    assert roofline.bound_ms(None, None, peak) is None
+    assert roofline.review(0.9, 1.0, peak) is None  # within the margin
+    assert "implausible" in roofline.review(0.5, 1.0, peak)
+
+
+def test_roofline_peaks_are_measured_once_and_overridable(tmp_path):
+    first = roofline.peaks(torch.device("cpu"), "test-cpu", torch.float32, tmp_path)
+    assert first["copy_gbps"] > 0 and first["matmul_tflops"] > 0
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    again = roofline.peaks(torch.device("cpu"), "test-cpu", torch.float32, tmp_path, {"copy_gbps": 5.0})
+    assert again["copy_gbps"] == 5.0 and again["matmul_tflops"] == first["matmul_tflops"]
