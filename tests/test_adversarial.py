@@ -39,7 +39,8 @@ def corpus() -> dict[str, dict]:
     return out
 
 
-def run_corpus(work: Path, device: str, timeout_s: float = 60, snakemake_args: tuple[str, ...] = ()) -> dict[str, dict]:
+def run_corpus(work: Path, device: str, timeout_s: float = 60, snakemake_args: tuple[str, ...] = (),
+               extra_args: tuple[str, ...] = ()) -> dict[str, dict]:
     """Copy the corpus into ``work``'s candidates, run one sweep (Llama-3.2-1B, TP 1,
     64 tokens) and return ``{candidate id: row}``. ``snakemake_args`` go to Snakemake
     (after ``--``)."""
@@ -54,6 +55,7 @@ def run_corpus(work: Path, device: str, timeout_s: float = 60, snakemake_args: t
             "--output-json", "results/adversarial.json"]
     if device == "cpu":
         args += ["--memory-limit-gb", "4"]
+    args += list(extra_args)
     if snakemake_args:
         args += ["--", *snakemake_args]
     proc = kb_nano(work, *args)
@@ -108,10 +110,13 @@ if __name__ == "__main__":
     parser.add_argument("--timeout-s", type=float, default=120)
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--no-mlflow", action="store_true", help="stop after merge_kernels (no MLflow run)")
+    parser.add_argument("--gpu-pool", type=int, help="GPUs to use (1: every job on one device, one after another, "
+                        "so jobs after an illegal address or an out-of-memory candidate reuse its GPU)")
     a = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         got = run_corpus(copy_workflow(Path(tmp)), a.device, a.timeout_s,
-                         ("--until", "merge_kernels") if a.no_mlflow else ())
+                         ("--until", "merge_kernels") if a.no_mlflow else (),
+                         ("--gpu-pool", str(a.gpu_pool)) if a.gpu_pool else ())
     if a.json:
         Path(a.json).write_text(json.dumps(got, indent=1, default=str))
     for cid, r in sorted(got.items()):

@@ -111,7 +111,7 @@ def test_invalid_output_rule():
     assert checks.invalid_outputs(torch.zeros(2, device="meta"), torch.device("cpu"))[0] == "invalid_output"
 
 
-def test_changed_after_return_and_busy_threads():
+def test_changed_after_return_and_thread_watch():
     out = torch.zeros(1000)
     snap = checks.snapshot(out)
     assert checks.changed_after_return(out, snap, torch.device("cpu"), 0.001) is None
@@ -120,19 +120,34 @@ def test_changed_after_return_and_busy_threads():
     def late_writer():
         time.sleep(0.005)
         out.fill_(1.0)
-        end = time.perf_counter() + 0.05
+        end = time.perf_counter() + 0.5
         while time.perf_counter() < end:  # keep using CPU after the "call" returned
             pass
 
     t = threading.Thread(target=late_writer, name="late")
     t.start()
+    watch = checks.ThreadWatch(before)  # the "call" returns here
     assert checks.changed_after_return(out, snap, torch.device("cpu"), 0.02)[0] == "unsynced_work"
-    found = checks.busy_new_threads(before, 0.02)
+    found = watch.check()
     t.join()
     assert found is not None and "'late'" in found[1]
-    idle = threading.Thread(target=time.sleep, args=(0.2,), name="idle")
+
+
+def test_thread_watch_flags_a_thread_that_finishes_after_return_and_passes_idle_ones():
+    before = checks.thread_idents()
+    quick = threading.Thread(target=time.sleep, args=(0.01,), name="quick")
+    quick.start()
+    watch = checks.ThreadWatch(before)
+    quick.join()  # it ends during the window: it was still busy when the call returned
+    assert "finished its work later" in watch.check()[1]
+    idle = threading.Thread(target=time.sleep, args=(0.3,), name="idle")
     idle.start()
-    assert checks.busy_new_threads(before, 0.02) is None  # alive but idle: allowed
+    joined = threading.Thread(target=lambda: None, name="joined")
+    joined.start()
+    joined.join()
+    watch = checks.ThreadWatch(before)
+    time.sleep(0.02)
+    assert watch.check() is None  # alive but blocked, or joined before return: allowed
     idle.join()
 
 

@@ -222,6 +222,7 @@ class _Trial:
         except Exception as exc:
             self.violation = ("runtime_error", f"{when}: {one_line(exc)}")
             return
+        watch = checks.ThreadWatch(threads)
         self.out = out
         inputs = dict(zip(names, bufs))
         allowed = tuple(op.mutable_inputs)
@@ -229,7 +230,7 @@ class _Trial:
             lambda: guard.check("during the call"),
             lambda: checks.invalid_outputs(out, device),
             lambda: checks.changed_after_return(out, checks.snapshot(out), device, WAIT_AFTER_RETURN_S),
-            lambda: checks.busy_new_threads(threads, WAIT_AFTER_RETURN_S),
+            watch.check,
             lambda: checks.aliased_outputs(out, inputs, allowed, previous),
             lambda: checks.mutated_inputs(before, inputs, allowed),
         ):
@@ -301,7 +302,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
 
     op = operators.get(scenario["target"])
     baseline_attrs = dict(vars(op.baseline))
-    guard = checks.Namespaces()
+    guard = checks.Namespaces(op.baseline)
     try:
         cls = load_class(candidate_path, scenario["target"])
     except CandidateError as exc:

@@ -24,8 +24,8 @@ status             rule
                    ``x`` and ``residual`` as vLLM's kernel does).
 ``unsynced_work``  work the call left running after it returned, so the timing missed
                    it: the output changed after the call returned
-                   (:func:`changed_after_return`), a Python thread it started was still
-                   using CPU afterwards (:func:`busy_new_threads`), or on CUDA the
+                   (:func:`changed_after_return`), a Python thread it left running used
+                   CPU or finished afterwards (:class:`ThreadWatch`), or on CUDA the
                    device-wide timing exceeds the event timing
                    (:func:`kb_nano.timing.hidden_work_ms`).
 =================  ==================================================================
@@ -54,6 +54,7 @@ from kb_nano import timing
 _pthread_getcpuclockid = getattr(time, "pthread_getcpuclockid", None)
 _clock_gettime = time.clock_gettime
 Violation = tuple[str, str] | None
+_VOLATILE = {"__dict__", "__weakref__", "__doc__", "__abstractmethods__", "__annotations__", "__parameters__"}
 
 
 def _flatten(out) -> list:
@@ -79,26 +80,35 @@ class Namespaces:
     candidate that replaces one (``tampered``). Taken before the candidate is imported.
 
     Watched: the attributes (inherited ones too) of ``time``, ``torch``, ``torch.Tensor``,
-    ``torch.nn.functional``, ``torch.cuda``, ``torch.cuda.Event``, ``numpy``; the
-    module globals of :mod:`kb_nano.timing`, :mod:`kb_nano.checks`, :mod:`kb_nano.bench`;
-    and the TF32 / matmul-precision flags. Names that appear later (lazily imported
-    submodules) are allowed; replaced or deleted ones are not."""
+    ``torch.nn.functional``, ``torch.nn.Module``, ``torch.cuda``, ``torch.cuda.Event``,
+    ``numpy``; the module globals of :mod:`kb_nano.timing`, :mod:`kb_nano.checks`,
+    :mod:`kb_nano.bench`; ``baseline``'s class attributes (its whole MRO) and its
+    module's globals; and the TF32 / matmul-precision flags. Names that appear later
+    (lazily imported submodules) are allowed; replaced or deleted ones are not."""
 
-    def __init__(self) -> None:
+    def __init__(self, baseline: type | None = None) -> None:
         import torch.nn.functional as F
 
         self._objects = {
             "time": time, "torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": F,
-            "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event, "numpy": np,
+            "torch.nn.Module": torch.nn.Module, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
+            "numpy": np,
         }
         self._modules = ["kb_nano.timing", "kb_nano.checks", "kb_nano.bench"]
+        if baseline is not None:
+            for cls in baseline.__mro__:
+                if cls is not object:
+                    self._objects[f"{cls.__module__}.{cls.__qualname__}"] = cls
+            self._modules.append(baseline.__module__)
         self._before = self._take()
 
     def _take(self) -> dict[str, dict]:
         snap = {}
         for name, obj in self._objects.items():
-            # getattr_static: the stored object itself (a classmethod is re-bound on each getattr)
-            snap[name] = {k: inspect.getattr_static(obj, k, None) for k in dir(obj) if not k.startswith("__")}
+            # getattr_static: the stored object itself (a classmethod is re-bound on each
+            # getattr). Classes: dunders too (Module.__call__, Tensor.__mul__).
+            keep = (lambda k: k not in _VOLATILE) if isinstance(obj, type) else (lambda k: not k.startswith("__"))
+            snap[name] = {k: inspect.getattr_static(obj, k, None) for k in dir(obj) if keep(k)}
         for name in self._modules:
             module = sys.modules.get(name)
             if module is not None:
@@ -232,34 +242,43 @@ def thread_idents() -> set[int]:
     return {t.ident for t in threading.enumerate() if t.ident is not None}
 
 
-def busy_new_threads(before: set[int], wait_s: float, min_cpu_s: float = 1e-3) -> Violation:
-    """``unsynced_work`` when a Python thread that did not exist in ``before`` uses more
-    than ``min_cpu_s`` of CPU time in the ``wait_s`` seconds after the call returned
-    (per-thread CPU clocks, ``pthread_getcpuclockid``). Idle pool threads pass."""
-    if _pthread_getcpuclockid is None:
-        return None
-    clocks = {}
-    for t in threading.enumerate():
-        if t.ident is not None and t.ident not in before and t.is_alive():
-            try:
-                clocks[t.name] = _pthread_getcpuclockid(t.ident)
-            except (OSError, ValueError):  # ended meanwhile
+class ThreadWatch:
+    """The Python threads a call left alive, watched from the moment it returned.
+
+    Create it right after the call returns, with the thread idents from before the call.
+    :meth:`check` then reports ``unsynced_work`` when one of those threads, during the
+    window since, used more than ``min_cpu_s`` of CPU (per-thread CPU clocks,
+    ``pthread_getcpuclockid``) or ended (it was doing something, not waiting for work).
+    Threads of an idle pool (alive, blocked) pass; threads the call joined are not alive
+    at return and are not watched."""
+
+    def __init__(self, before: set[int]) -> None:
+        self.clocks: dict[str, tuple[threading.Thread, int | None, float | None]] = {}
+        for t in threading.enumerate():
+            if t.ident is None or t.ident in before or not t.is_alive():
                 continue
-    if not clocks:
+            clk = start = None
+            if _pthread_getcpuclockid is not None:
+                try:
+                    clk = _pthread_getcpuclockid(t.ident)
+                    start = _clock_gettime(clk)
+                except (OSError, ValueError):
+                    clk = start = None
+            self.clocks[t.name] = (t, clk, start)
+
+    def check(self, min_cpu_s: float = 5e-5) -> Violation:
+        """The violation, if any (see the class docstring); call after a wait."""
+        for name, (t, clk, start) in self.clocks.items():
+            if not t.is_alive():
+                return "unsynced_work", (f"thread {name!r}, running when the call returned, finished its work later: "
+                                         "work outside the timing")
+            if clk is None:
+                continue
+            try:
+                used = _clock_gettime(clk) - start
+            except OSError:
+                continue
+            if used > min_cpu_s:
+                return "unsynced_work", (f"thread {name!r} started by the candidate used {used * 1e3:.2f} ms of CPU after "
+                                         "the call returned: work outside the timing")
         return None
-    start = {}
-    for name, clk in clocks.items():
-        try:
-            start[name] = _clock_gettime(clk)
-        except OSError:
-            continue
-    timing.wait_briefly(wait_s)
-    for name, t0 in start.items():
-        try:
-            used = _clock_gettime(clocks[name]) - t0
-        except OSError:  # the thread ended: its CPU time is gone with it
-            continue
-        if used > min_cpu_s:
-            return "unsynced_work", (f"thread {name!r} started by the candidate used {used * 1e3:.1f} ms of CPU after "
-                                     "the call returned: work outside the timing")
-    return None

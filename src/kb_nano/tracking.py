@@ -266,7 +266,8 @@ def kernel_metrics(rows: list[dict]) -> dict[str, float]:
     counts, ``pass_rate`` (passed / run, 0..1), ``geomean_speedup`` (geometric mean of
     baseline_ms / candidate_ms over passed rows), and ``geomean_speedup/target/<t>``,
     ``pass_rate/target/<t>``, ``geomean_speedup/candidate/<id>``,
-    ``pass_rate/candidate/<id>``.
+    ``pass_rate/candidate/<id>``, ``significant`` (passed rows whose speedup 95%
+    interval excludes 1.0) and ``review`` (rows flagged as implausible).
     """
     from kb_nano.merge import geomean
 
@@ -287,6 +288,8 @@ def kernel_metrics(rows: list[dict]) -> dict[str, float]:
         "passed": len(passed),
         "failed": len(run) - len(passed),
         "skipped": len(rows) - len(run),
+        "significant": sum(bool(r.get("significant")) for r in passed),
+        "review": sum(bool(r.get("review")) for r in rows),
         **block(rows),
     }
     for status in sorted({r["status"] for r in rows}):
