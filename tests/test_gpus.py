@@ -171,7 +171,7 @@ def test_snakemake_gpu_jobs_lease_distinct_devices_even_when_over_admitted(tmp_p
     assert set(_assert_no_overlap(log)) == {"0", "1"}
     df = pd.read_parquet(work / "results/kernels.parquet")
     assert len(df) == 4 and set(df.gpu_ids) == {"0", "1"}
-    assert (df.schema_version == 2).all()
+    assert (df.schema_version == 3).all()
 
 
 @pytest.mark.slow
