@@ -106,7 +106,9 @@ def run(
     the whole worker: import, setup, correctness and timing; also the longest wait for a
     free GPU). ``gpus``: the job's declared ``resources.gpu`` (see :func:`gpus_to_lease`).
     Worker stdout/stderr go to ``log``. The leased ids go to the worker as
-    ``CUDA_VISIBLE_DEVICES`` and into the row's ``gpu_ids``. Returns the row status.
+    ``CUDA_VISIBLE_DEVICES`` and into the row's ``gpu_ids``; the row's ``started_at`` /
+    ``ended_at`` are stamped inside the lease, before the worker starts and after it
+    exited (see :mod:`kb_nano.schema`). Returns the row status.
     Raises ``KbNanoError`` (no row written, so the job is retried next run) when the pool
     is too small or no device becomes free within ``timeout_s``.
     """
@@ -132,6 +134,7 @@ def _run_leased(scenario, candidate_id, candidate_path, settings, output, log, r
         "root": root,
     }
     t0 = time.perf_counter()
+    started_at = _utc_now()
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     status = error = None
     ctx = worker_context()
@@ -153,6 +156,7 @@ def _run_leased(scenario, candidate_id, candidate_path, settings, output, log, r
         # Ctrl-C reached the worker (it shares the terminal's process group): no row, so
         # Snakemake leaves the job incomplete and the next run does it again.
         raise KeyboardInterrupt(f"{candidate_id} on {scenario['scenario_id']}: interrupted")
+    ended_at = _utc_now()
     if status is None and not out.exists():
         status, error = "crashed", _crash_reason(code, log)
     if status is not None:
@@ -170,15 +174,36 @@ def _run_leased(scenario, candidate_id, candidate_path, settings, output, log, r
                     num_warmup=int(settings["num_warmup"]),
                     num_runs=int(settings["num_runs"]),
                     created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    started_at=started_at,
+                    ended_at=ended_at,
                     wall_s=time.perf_counter() - t0,
                 )
             ],
             out,
         )
         return status
+    return _stamp(out, started_at, ended_at)
+
+
+def _utc_now() -> str:
+    """Now as ISO 8601 UTC with microseconds (``2026-11-20T10:31:07.123456+00:00``)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _stamp(shard: Path, started_at: str, ended_at: str) -> str:
+    """Set ``started_at`` / ``ended_at`` of the worker's shard (rewritten atomically, while
+    the job still holds its lease); returns the row status."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return pq.read_table(out, columns=["status"]).column(0)[0].as_py()
+    from kb_nano.schema import write_table
+
+    table = pq.read_table(shard)
+    for name, value in (("started_at", started_at), ("ended_at", ended_at)):
+        column = pa.array([value] * table.num_rows, pa.string())
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    write_table(table, shard)
+    return table.column("status")[0].as_py()
 
 
 def _tolerance(settings: dict, scenario: dict, key: str) -> float | None:

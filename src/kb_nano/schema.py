@@ -4,7 +4,12 @@ Times are milliseconds; ``speedup = baseline_ms / candidate_ms`` (medians); ``*_
 the interquartile range (p75 - p25) of the per-call times in ms. ``bytes_moved`` and
 ``flops`` are the operator's minimum traffic per call (see each operator's ``traffic``).
 ``gpu_ids`` are the device ids the job leased (``CUDA_VISIBLE_DEVICES`` of its worker,
-comma-separated; null for a CPU job; see :mod:`kb_nano.gpus`). Torch-free.
+comma-separated; null for a CPU job; see :mod:`kb_nano.gpus`). ``started_at`` / ``ended_at``
+(ISO 8601 UTC, microseconds) bound the job's worker: taken by :mod:`kb_nano.kernel_job`
+after its device lease was acquired and before the worker started, and after the worker
+exited, before the lease was released; so two rows holding one device never have
+overlapping ``[started_at, ended_at]`` (``bench/multi_gpu_report.py`` checks it);
+``created_at`` has seconds only and is taken inside the worker. Torch-free.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import pyarrow.parquet as pq
 
 from kb_nano.files import atomic_path
 
-SCHEMA_VERSION = 3  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline
+SCHEMA_VERSION = 3  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline, started_at/ended_at
 
 STATUSES = (
     "passed",
@@ -96,6 +101,8 @@ KERNEL_SCHEMA = pa.schema(
         ("kb_nano_version", pa.string()),
         ("git_sha", pa.string()),
         ("created_at", pa.string()),
+        ("started_at", pa.string()),
+        ("ended_at", pa.string()),
         ("wall_s", pa.float64()),
     ]
 )
