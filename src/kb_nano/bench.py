@@ -222,14 +222,19 @@ class _Trial:
         except Exception as exc:
             self.violation = ("runtime_error", f"{when}: {one_line(exc)}")
             return
+        # Right after the return, before anything slow: the threads left running, then
+        # (outputs that are plain tensors only: copying a lazy one would run it) a copy
+        # of the outputs queued with no synchronize.
         watch = checks.ThreadWatch(threads)
+        invalid = checks.invalid_outputs(out, device)
+        snap = None if invalid else checks.snapshot(out)
         self.out = out
         inputs = dict(zip(names, bufs))
         allowed = tuple(op.mutable_inputs)
         for rule in (
+            lambda: invalid,
             lambda: guard.check("during the call"),
-            lambda: checks.invalid_outputs(out, device),
-            lambda: checks.changed_after_return(out, checks.snapshot(out), device, WAIT_AFTER_RETURN_S),
+            lambda: checks.changed_after_return(out, snap, device, WAIT_AFTER_RETURN_S),
             watch.check,
             lambda: checks.aliased_outputs(out, inputs, allowed, previous),
             lambda: checks.mutated_inputs(before, inputs, allowed),

@@ -54,6 +54,7 @@ from kb_nano import timing
 _pthread_getcpuclockid = getattr(time, "pthread_getcpuclockid", None)
 _clock_gettime = time.clock_gettime
 Violation = tuple[str, str] | None
+_MISSING = object()
 _VOLATILE = {"__dict__", "__weakref__", "__doc__", "__abstractmethods__", "__annotations__", "__parameters__"}
 
 
@@ -108,7 +109,10 @@ class Namespaces:
             # getattr_static: the stored object itself (a classmethod is re-bound on each
             # getattr). Classes: dunders too (Module.__call__, Tensor.__mul__).
             keep = (lambda k: k not in _VOLATILE) if isinstance(obj, type) else (lambda k: not k.startswith("__"))
-            snap[name] = {k: inspect.getattr_static(obj, k, None) for k in dir(obj) if keep(k)}
+            # Names dir() lists without a stored value (numpy's and torch's lazily imported
+            # submodules, served by a module __getattr__) are left out: appearing later is fine.
+            values = {k: inspect.getattr_static(obj, k, _MISSING) for k in dir(obj) if keep(k)}
+            snap[name] = {k: v for k, v in values.items() if v is not _MISSING}
         for name in self._modules:
             module = sys.modules.get(name)
             if module is not None:

@@ -10,9 +10,10 @@ Method (issue 7; the CUDA part follows Triton's ``triton.testing.do_bench``):
 - CPU: ``time.perf_counter_ns`` around each call.
 - CUDA: a CUDA event pair around each call on the current stream; before each call the
   L2 cache is flushed by zeroing a buffer of twice the device's L2 size
-  (``torch.cuda.get_device_properties().L2_cache_size``); one device-wide synchronize at
-  the end. A second, shorter pass times each call from the host with a device-wide
-  ``torch.cuda.synchronize()`` after it, which also waits for work the call left on
+  (``torch.cuda.get_device_properties().L2_cache_size``), at least do_bench's 256 MiB
+  (:func:`l2_flush_bytes`); one device-wide synchronize at the end. A second, shorter
+  pass times each call from the host with a device-wide ``torch.cuda.synchronize()``
+  after it, which also waits for work the call left on
   other streams: :func:`hidden_work_ms` compares the two.
 - Optional CUDA-graph replay (:func:`time_graphs`): each side captured once and replayed,
   reported in separate columns.
@@ -70,14 +71,21 @@ def exclusive(device: torch.device, lock_dir: Path):
         yield
 
 
+DO_BENCH_FLUSH_BYTES = 256 * 1024 * 1024  # triton.testing.do_bench's cache-clearing buffer (256 MiB)
+
+
 def l2_flush_bytes(device: torch.device) -> int:
     """Bytes zeroed before each timed CUDA call: twice the device's L2 cache
-    (``L2_cache_size`` of ``torch.cuda.get_device_properties``; H100/H200: 50 MiB -> 100
-    MiB), at least 8 MiB. 0 on a CPU (no flush there)."""
+    (``L2_cache_size`` of ``torch.cuda.get_device_properties``; H200: 60 MiB), and at least
+    the 256 MiB Triton's ``do_bench`` zeroes. The floor matters for small kernels: zeroing
+    keeps the GPU busy while the host launches the timed call (~65 us for 256 MiB on an
+    H200), so, as in ``do_bench``, host launch latency up to that long is not counted; with
+    only 2 x L2 (120 MiB) kb-nano measured launch-bound kernels up to 3.7x slower than
+    ``do_bench`` (bench/FIDELITY.md). 0 on a CPU (no flush there)."""
     if device.type != "cuda":
         return 0
     l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
-    return max(2 * l2, 8 * 1024 * 1024)
+    return max(2 * l2, DO_BENCH_FLUSH_BYTES)
 
 
 @dataclass
