@@ -173,6 +173,7 @@ def tolerance(scenario: dict, settings: dict) -> tuple[float, float]:
 
 
 PRECISIONS = ("highest", "high", "medium")
+SAMPLED_CALLS = 8  # timed calls per side whose outputs are kept and compared after the loop
 WAIT_AFTER_RETURN_S = 0.02  # CPU: how long the output-stability and thread checks watch after a call
 
 
@@ -186,6 +187,15 @@ def set_precision(precision: str) -> bool:
     torch.set_float32_matmul_precision(precision)
     torch.backends.cudnn.allow_tf32 = precision != "highest"
     return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def _warm_thread_pools() -> None:
+    """Start torch's intra-op (OpenMP) and BLAS thread pools before any candidate runs, so
+    :class:`kb_nano.checks.ThreadWatch` never takes a pool thread that a candidate's first
+    parallel op would start for the candidate's own."""
+    a = torch.randn(256, 256)
+    (a @ a).sum()
+    torch.ones(1 << 22).sum()
 
 
 def limit_memory(gigabytes: float | None, device: torch.device) -> None:
@@ -248,6 +258,81 @@ class _Trial:
             self.violation = (status, f"{when}: {error}")
 
 
+class _SampledCalls:
+    """The timed calls, with the outputs of a few of them kept and checked afterwards.
+
+    Which timed iterations are kept (up to :data:`SAMPLED_CALLS`) is drawn from the OS's
+    random source when the loop starts, so a candidate cannot tell a checked call from an
+    unchecked one; one that skips work only when it is being timed (it can see the
+    timing loop on its call stack) is ``incorrect`` with the probability that one of its
+    skipped calls is drawn. Keeping an output is a dictionary store inside the timed
+    region; copying it happens in the next (untimed) refresh, before its buffers are
+    reused."""
+
+    def __init__(self, baseline, candidate, base_slots, cand_slots, refresh, num_warmup: int, num_runs: int):
+        import random
+
+        timed = range(num_warmup, num_warmup + num_runs)
+        self.picked = set(random.SystemRandom().sample(timed, min(SAMPLED_CALLS, num_runs)))
+        self.kept: dict[int, list] = {}
+        self.pending: list[int] = []
+        self._b, self._c, self._bs, self._cs, self._refresh = baseline, candidate, base_slots, cand_slots, refresh
+
+    def baseline(self, i: int):
+        out = self._b(*self._bs[i % 2])
+        if i in self.picked:
+            self.kept[i] = [out, None]
+        return out
+
+    def candidate(self, i: int):
+        out = self._c(*self._cs[i % 2])
+        if i in self.picked:
+            self.kept[i][1] = out
+            self.pending.append(i)
+        return out
+
+    def _copy_pending(self) -> None:
+        for j in self.pending:
+            b, c = self.kept[j]
+            # an invalid (e.g. lazy) output is kept as it is, for check() to report
+            self.kept[j] = [_copy(b), c if checks.invalid_outputs(c, _device_of(c)) else _copy(c)]
+        self.pending.clear()
+
+    def refresh(self, i: int) -> None:
+        self._copy_pending()
+        self._refresh(i)
+
+    def check(self, device: torch.device, atol: float, rtol: float):
+        """``(status, message)`` for the first kept call whose output is invalid or
+        differs from the baseline's of the same iteration, else None."""
+        self._copy_pending()
+        for j in sorted(self.kept):
+            b, c = self.kept[j]
+            found = checks.invalid_outputs(c, device)
+            if found:
+                return found[0], f"in timed call {j}: {found[1]}"
+            status, error, _, _ = compare(b, c, atol, rtol)
+            if status != "passed":
+                return status, f"in timed call {j} (one of {len(self.kept)} checked at random): {error}"
+        return None
+
+
+def _copy(out):
+    """A copy of a call's output (tensor, or tuple/list of tensors and None)."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (tuple, list)):
+        return type(out)(o.clone() if isinstance(o, torch.Tensor) else o for o in out)
+    return out
+
+
+def _device_of(out) -> torch.device:
+    for o in (out if isinstance(out, (tuple, list)) else [out]):
+        if isinstance(o, torch.Tensor):
+            return o.device
+    return torch.device("cpu")
+
+
 def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path) -> dict:
     """Run one candidate on one scenario and return a kernel row (see :mod:`kb_nano.schema`).
 
@@ -274,6 +359,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
     device = resolve_device(settings["device"])
     limit_memory(settings.get("memory_limit_gb"), device)
     torch.set_num_threads(int(settings["num_threads"]))
+    _warm_thread_pools()
     precision = str(settings.get("float32_matmul_precision") or "highest")
     allow_tf32 = set_precision(precision)
     seed = scenario_seed(scenario["scenario_id"])
@@ -368,15 +454,17 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         base_slots = [[b.clone() for b in slot] for slot in cand_slots]
         refresh = _refresher(specs, base_slots, cand_slots, device, seed, golden if source == "golden" else None,
                              scenario, Path(root), num_trials, int(settings["num_runs"]))
+        sampled = _SampledCalls(baseline, candidate, base_slots, cand_slots, refresh,
+                                int(settings["num_warmup"]), int(settings["num_runs"]))
         extra: dict = {}
         try:
             with exclusive(device, Path(root) / "results/.locks"):
                 peak = roofline.peaks(device, device_name(device), dtype, Path(root) / "results/.device",
                                       settings.get("roofline"))
                 timings = time_pair(
-                    lambda i: baseline(*base_slots[i % 2]),
-                    lambda i: candidate(*cand_slots[i % 2]),
-                    refresh,
+                    sampled.baseline,
+                    sampled.candidate,
+                    sampled.refresh,
                     device,
                     int(settings["num_warmup"]),
                     int(settings["num_runs"]),
@@ -393,7 +481,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
                         torch.cuda.synchronize(device)
         except Exception as exc:
             return row("runtime_error", f"during timing: {one_line(exc)}", max_abs_err=worst[0], max_rel_err=worst[1])
-        found = guard.check("during the timing loop")
+        found = guard.check("during the timing loop") or sampled.check(device, atol, rtol)
         if found:
             return row(*found, max_abs_err=worst[0], max_rel_err=worst[1])
         b_med, b_iqr = summarize(timings.baseline_ms)

@@ -6,7 +6,7 @@ import torch
 from _common import Base, rms_norm
 
 EXPECTED = "incorrect"
-EXPECTED_ERROR = "after the timing loop"
+EXPECTED_ERROR = "in timed call"
 
 
 class DegradeAfterTrials(Base):
