@@ -514,10 +514,19 @@ def test_passed_row_records_interval_precision_and_roofline(tmp_path, scenarios,
     row = check_row(measure(scenario, "rms_norm/good", path, {**settings, "num_runs": 20}, tmp_path), "passed")
     assert row["speedup_ci_low"] <= row["speedup_ci_high"] and row["significant"] in (True, False)
     assert row["significant"] == (row["speedup_ci_low"] > 1 or row["speedup_ci_high"] < 1)
-    assert row["float32_matmul_precision"] == "highest" and row["allow_tf32"] is False
+    assert row["float32_matmul_precision"] == "highest" and row["allow_tf32"] is None  # TF32: CUDA only
+    assert row["graph_error"] is None
     assert row["num_trials"] == 3 and row["l2_flush_bytes"] == 0 and row["device_copy_gbps"] > 0
     assert row["roofline_ms"] > 0 and row["review"] is None  # a CPU call is far above its bound
     # with a (pretend) device that copies 1 MB/s, the same result is implausible: flagged, status kept
     slow = {**settings, "roofline": {"copy_gbps": 0.001}}
     flagged = check_row(measure(scenario, "rms_norm/good", path, slow, tmp_path), "passed")
     assert flagged["review"].startswith("implausible: candidate")
+
+
+def test_cuda_graph_on_a_cpu_says_why_there_is_no_graph(tmp_path, scenarios, settings):
+    path = rms_candidate(tmp_path, "good")
+    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/good", path,
+                            {**settings, "cuda_graph": True}, tmp_path), "passed")
+    assert row["graph_error"] == "CUDA graphs need a CUDA device; this run is on cpu"
+    assert row["graph_speedup"] is None

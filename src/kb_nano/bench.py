@@ -361,7 +361,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
     torch.set_num_threads(int(settings["num_threads"]))
     _warm_thread_pools()
     precision = str(settings.get("float32_matmul_precision") or "highest")
-    allow_tf32 = set_precision(precision)
+    allow_tf32 = set_precision(precision) if device.type == "cuda" else None  # TF32 exists on CUDA only
     seed = scenario_seed(scenario["scenario_id"])
     atol, rtol = tolerance(scenario, settings)
     num_trials = max(2, int(settings.get("num_trials") or 3))
@@ -460,7 +460,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         try:
             with exclusive(device, Path(root) / "results/.locks"):
                 peak = roofline.peaks(device, device_name(device), dtype, Path(root) / "results/.device",
-                                      settings.get("roofline"))
+                                      settings.get("roofline"), working_set=scenario.get("bytes_moved"))
                 timings = time_pair(
                     sampled.baseline,
                     sampled.candidate,
@@ -469,7 +469,9 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
                     int(settings["num_warmup"]),
                     int(settings["num_runs"]),
                 )
-                if settings.get("cuda_graph") and device.type == "cuda":
+                if settings.get("cuda_graph") and device.type != "cuda":
+                    extra["graph_error"] = f"CUDA graphs need a CUDA device; this run is on {device.type}"
+                elif settings.get("cuda_graph"):
                     try:
                         g_base, g_cand = time_graphs(lambda i: baseline(*base_slots[i % 2]),
                                                      lambda i: candidate(*cand_slots[i % 2]), refresh, device,

@@ -54,6 +54,7 @@ from kb_nano import timing
 
 Violation = tuple[str, str] | None
 _MISSING = object()
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _VOLATILE = {"__dict__", "__weakref__", "__doc__", "__abstractmethods__", "__annotations__", "__parameters__"}
 
 
@@ -129,7 +130,7 @@ class Namespaces:
                 if ns == "precision":
                     if cur.get(k) != v:
                         out.append(f"{k} ({v!r} -> {cur.get(k)!r})")
-                elif k not in cur or cur[k] is not v:
+                elif k not in cur or not _same(v, cur[k]):
                     out.append(f"{ns}.{k}")
         return out
 
@@ -141,6 +142,34 @@ class Namespaces:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         return "tampered", (f"{when}, the candidate changed {', '.join(changed[:3])}{more}: the harness's timer, "
                             "statistics, precision settings and the baseline's functions must stay as they were")
+
+
+def _is_data(obj) -> bool:
+    return isinstance(obj, (str, bytes, int, float, complex, bool, tuple, frozenset, type(None)))
+
+
+def _same(old, new) -> bool:
+    """Whether a watched name still holds what the harness relies on: the same object; an
+    equal plain value (``time.tzname`` is a new tuple after any ``time.tzset()``); or
+    torch's own wrapper of the same object, i.e. a function written in torch's files whose
+    ``__wrapped__`` chain reaches it (``import torch._dynamo`` re-binds
+    ``torch.manual_seed`` to a dynamo-disabled wrapper, so ``torch.compile`` candidates
+    and the transformers baselines that import it are not tampering)."""
+    if new is old:
+        return True
+    if _is_data(old) and _is_data(new):
+        return bool(old == new)
+    inner = new
+    for _ in range(4):
+        inner = getattr(inner, "__wrapped__", None)
+        if inner is None:
+            return False
+        if inner is old:
+            # defined in torch's own files (functools.wraps copies __module__, so that
+            # proves nothing; the wrapper's code object says where it was written)
+            code = getattr(new, "__code__", None)
+            return code is not None and os.path.abspath(code.co_filename).startswith(_TORCH_DIR)
+    return False
 
 
 def invalid_outputs(out, device: torch.device) -> Violation:

@@ -750,8 +750,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--candidate", nargs="+", action="extend", help="candidate id(s) or prefixes, e.g. rms_norm/torch_fused")
     k.add_argument("--num-warmup", type=int, help="untimed calls per side (default 10)")
     k.add_argument("--num-runs", type=int, help="timed calls per side (default 100)")
-    k.add_argument("--atol", type=float, help="absolute tolerance (default 0.01)")
-    k.add_argument("--rtol", type=float, help="relative tolerance (default 0.01; 0 = max-abs-error only)")
+    k.add_argument("--atol", type=float, help="absolute tolerance for every operator (default: each operator's own, "
+                   "e.g. 0.01 for bf16 pointwise ops; README: Operators)")
+    k.add_argument("--rtol", type=float, help="relative tolerance for every operator (default: each operator's own; "
+                   "0 = max-abs-error only)")
     k.add_argument("--device", help="auto | cpu | cuda[:i] (default auto)")
     k.add_argument("--timeout-s", type=float, help="seconds per kernel job, i.e. per scenario (default 600)")
     k.add_argument("--num-trials", type=int, help="correctness trials on fresh inputs before timing (default 3, at least 2)")
@@ -760,7 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--float32-matmul-precision", choices=["highest", "high", "medium"],
                    help="torch.set_float32_matmul_precision for both sides (default highest: no TF32)")
     k.add_argument("--memory-limit-gb", type=float,
-                   help="address-space cap of a CPU worker in GiB; a candidate past it gets runtime_error (default none)")
+                   help="address-space cap of a CPU worker in GiB, at least 2 (the worker maps ~1 GiB before the "
+                        "candidate runs); a candidate past it gets runtime_error (default none)")
     k.add_argument("--output-json", help="merged JSON path (default results/kernels.json)")
     k.add_argument("--list", action="store_true", help="list the operators (targets) and exit")
     k.add_argument("--level", type=int, choices=[1, 2, 3, 4], help="with --list: only this level")

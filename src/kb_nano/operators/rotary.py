@@ -13,7 +13,17 @@ import math
 import torch
 from torch import nn
 
-from kb_nano.operators.base import DTYPES, NotApplicable, Operator, element_size, kv_heads_per_rank, normal, randint, shard
+from kb_nano.operators.base import (
+    DTYPES,
+    TOLERANCES,
+    NotApplicable,
+    Operator,
+    element_size,
+    kv_heads_per_rank,
+    normal,
+    randint,
+    shard,
+)
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
@@ -174,5 +184,6 @@ OPERATORS = {
         traffic=_traffic,
         used_in="layers.*.self_attn.rotary_emb (on q and k after qkv_proj)",
         mutable_inputs=("query", "key"),  # vLLM's rotary_embedding rotates them in place
+        tolerance=dict(TOLERANCES["rotary"]),
     ),
 }
