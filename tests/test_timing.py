@@ -86,7 +86,7 @@ def test_output_aliasing_rules():
     a = torch.zeros(16)
     assert checks.aliased_outputs((a[:8], a[4:12]), {}, ())[0] == "output_aliased"  # outputs overlap
     assert checks.aliased_outputs((a[:8], a[8:]), {}, ()) is None  # same storage, disjoint bytes
-    assert "previous call" in checks.aliased_outputs(a, {}, (), previous=a[3:5])[1]
+    assert "earlier call" in checks.aliased_outputs(a, {}, (), previous=[torch.zeros(2), a[3:5]])[1]
     assert checks.aliased_outputs(torch.zeros(3), {"x": x}, (), previous=torch.zeros(3)) is None
 
 

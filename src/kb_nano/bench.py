@@ -11,6 +11,7 @@ a row with a status.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import platform
 import time
@@ -243,7 +244,7 @@ class _Trial:
         allowed = tuple(op.mutable_inputs)
         for rule in (
             lambda: invalid,
-            lambda: guard.check("during the call"),
+            lambda: guard("during the call"),
             lambda: checks.changed_after_return(out, snap, device, WAIT_AFTER_RETURN_S),
             watch.check,
             lambda: checks.aliased_outputs(out, inputs, allowed, previous),
@@ -393,14 +394,17 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
 
     op = operators.get(scenario["target"])
     baseline_attrs = dict(vars(op.baseline))
-    guard = checks.Namespaces(op.baseline)
+    # Bound before the candidate is imported: replacing these classes or their methods
+    # afterwards does not change what this measurement calls.
+    trial_cls, sampled_cls, sampled_check = _Trial, _SampledCalls, _SampledCalls.check
+    guard = functools.partial(checks.Namespaces.check, checks.Namespaces(op.baseline))
     try:
         cls = load_class(candidate_path, scenario["target"])
     except CandidateError as exc:
         return row(exc.status, str(exc))
     if dict(vars(op.baseline)) != baseline_attrs:
         return row("tampered", f"importing the candidate modified the baseline class {op.baseline.__name__}")
-    found = guard.check("on import")
+    found = guard("on import")
     if found:
         return row(*found)
     supported = getattr(cls, "supported_devices", DEFAULT_DEVICES)
@@ -433,7 +437,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
     slots: list[list[torch.Tensor] | None] = [None, None]  # the candidate's two rotating input buffer sets
     worst = [0.0, 0.0]
     with torch.inference_mode():
-        previous = None
+        previous: list = []  # every earlier trial's output (a reused buffer, or a ring of them)
         for t in range(num_trials):
             values, source = make_inputs(scenario, generator, str(device), golden, Path(root), draw=t)
             base["input_source"] = source
@@ -442,19 +446,19 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
             else:
                 for buf, v in zip(slots[t % 2], values):
                     buf.copy_(v)
-            trial = _Trial(baseline, candidate, values, slots[t % 2], names, op, device, atol, rtol, guard, previous,
+            trial = trial_cls(baseline, candidate, values, slots[t % 2], names, op, device, atol, rtol, guard, previous,
                            f"correctness trial {t + 1} of {num_trials}")
             if trial.violation:
                 return row(*trial.violation, max_abs_err=trial.max_abs, max_rel_err=trial.max_rel)
             worst = [max(worst[0], trial.max_abs), max(worst[1], trial.max_rel)]
-            previous = trial.out
+            previous.append(trial.out)
         del trial, previous
 
         cand_slots = slots
         base_slots = [[b.clone() for b in slot] for slot in cand_slots]
         refresh = _refresher(specs, base_slots, cand_slots, device, seed, golden if source == "golden" else None,
                              scenario, Path(root), num_trials, int(settings["num_runs"]))
-        sampled = _SampledCalls(baseline, candidate, base_slots, cand_slots, refresh,
+        sampled = sampled_cls(baseline, candidate, base_slots, cand_slots, refresh,
                                 int(settings["num_warmup"]), int(settings["num_runs"]))
         extra: dict = {}
         try:
@@ -483,7 +487,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
                         torch.cuda.synchronize(device)
         except Exception as exc:
             return row("runtime_error", f"during timing: {one_line(exc)}", max_abs_err=worst[0], max_rel_err=worst[1])
-        found = guard.check("during the timing loop") or sampled.check(device, atol, rtol)
+        found = guard("during the timing loop") or sampled_check(sampled, device, atol, rtol)
         if found:
             return row(*found, max_abs_err=worst[0], max_rel_err=worst[1])
         b_med, b_iqr = summarize(timings.baseline_ms)
@@ -502,7 +506,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         values, _ = make_inputs(scenario, generator, str(device), golden, Path(root), draw=num_trials)
         for buf, v in zip(cand_slots[k], values):
             buf.copy_(v)
-        last = _Trial(baseline, candidate, values, cand_slots[k], names, op, device, atol, rtol, guard, None,
+        last = trial_cls(baseline, candidate, values, cand_slots[k], names, op, device, atol, rtol, guard, None,
                       "after the timing loop")
         if last.violation:
             return row(*last.violation, max_abs_err=last.max_abs, max_rel_err=last.max_rel)
@@ -533,15 +537,23 @@ def _refresher(specs, base_slots, cand_slots, device, seed, golden, scenario, ro
     """``refresh(i)``: write fresh input values into buffer set ``i % 2`` of both sides
     (the baseline's and a copy in the candidate's). Random inputs: drawn on the device
     with a generator seeded from the scenario, new values every call. Golden inputs:
-    the captured draws rotate (up to 8 distinct sets, loaded once), so golden timing
-    sees real values at the cost of repeating after 8 calls."""
+    the captured draws rotate (up to 8 loaded once; as many distinct as the capture
+    has) and their floating-point tensors are scaled by a fresh random factor in
+    [0.75, 1.25) every call (router logits keep their top-k, attention its structure),
+    so no two calls see the same values."""
     if golden:
         sets = [make_inputs(scenario, torch.Generator().manual_seed(seed + d), str(device), golden, root,
                             draw=first_draw + 1 + d)[0] for d in range(min(8, max(num_runs, 1)))]
+        scales = torch.Generator().manual_seed(seed ^ 0x5EED)
 
         def refresh(i: int) -> None:
+            # captured values, each call scaled by a fresh factor in [0.75, 1.25): the
+            # captures repeat (4 prompts x layers), the values a call sees never do
+            factor = 0.75 + 0.5 * float(torch.rand((), generator=scales))
             for b, c, v in zip(base_slots[i % 2], cand_slots[i % 2], sets[i % len(sets)]):
                 b.copy_(v)
+                if b.is_floating_point():
+                    b.mul_(factor)
                 c.copy_(b)
 
         return refresh

@@ -64,8 +64,18 @@ def _flatten(out) -> list:
     return [out]
 
 
-def _precision_flags() -> dict[str, object]:
+def _global_state() -> dict[str, object]:
+    """Process-wide switches that change what every call does: precision flags, the
+    torch function/dispatch mode stacks, and the global nn.Module hooks (a candidate can
+    slow the baseline down through any of them)."""
+    import torch.nn.modules.module as mm
+
+    hooks = {name: tuple(getattr(mm, name).keys()) for name in dir(mm)
+             if name.startswith("_global_") and isinstance(getattr(mm, name), dict)}
     return {
+        "torch function modes (torch._C._len_torch_function_stack())": torch._C._len_torch_function_stack(),
+        "torch dispatch modes (torch._C._len_torch_dispatch_stack())": torch._C._len_torch_dispatch_stack(),
+        **{f"torch.nn.modules.module.{k}": v for k, v in hooks.items()},
         "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
         "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
@@ -82,20 +92,30 @@ class Namespaces:
 
     Watched: the attributes (inherited ones too) of ``time``, ``torch``, ``torch.Tensor``,
     ``torch.nn.functional``, ``torch.nn.Module``, ``torch.cuda``, ``torch.cuda.Event``,
-    ``numpy``; the module globals of :mod:`kb_nano.timing`, :mod:`kb_nano.checks`,
-    :mod:`kb_nano.bench`; ``baseline``'s class attributes (its whole MRO) and its
-    module's globals; and the TF32 / matmul-precision flags. Names that appear later
-    (lazily imported submodules) are allowed; replaced or deleted ones are not."""
+    ``numpy``, ``builtins``, the harness's check classes; the module globals (and their
+    functions' code objects) of :mod:`kb_nano.timing`, :mod:`kb_nano.checks`,
+    :mod:`kb_nano.bench`, :mod:`kb_nano.roofline`, :mod:`kb_nano.schema`; ``baseline``'s
+    class attributes (its whole MRO) and its module's globals; the TF32 /
+    matmul-precision flags, the torch function and dispatch mode stacks and the global
+    ``nn.Module`` hooks. Names that appear later (lazily imported submodules) are
+    allowed; replaced or deleted ones are not."""
 
     def __init__(self, baseline: type | None = None) -> None:
         import torch.nn.functional as F
 
+        import builtins
+
+        from kb_nano import bench
+
         self._objects = {
             "time": time, "torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": F,
             "torch.nn.Module": torch.nn.Module, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
-            "numpy": np,
+            "numpy": np, "builtins": builtins,
+            # the harness's own classes (a replaced method would switch a check off)
+            "kb_nano.checks.Namespaces": Namespaces, "kb_nano.checks.ThreadWatch": ThreadWatch,
+            "kb_nano.bench._Trial": bench._Trial, "kb_nano.bench._SampledCalls": bench._SampledCalls,
         }
-        self._modules = ["kb_nano.timing", "kb_nano.checks", "kb_nano.bench"]
+        self._modules = ["kb_nano.timing", "kb_nano.checks", "kb_nano.bench", "kb_nano.roofline", "kb_nano.schema"]
         if baseline is not None:
             for cls in baseline.__mro__:
                 if cls is not object:
@@ -113,16 +133,22 @@ class Namespaces:
             # submodules, served by a module __getattr__) are left out: appearing later is fine.
             values = {k: inspect.getattr_static(obj, k, _MISSING) for k in dir(obj) if keep(k)}
             snap[name] = {k: v for k, v in values.items() if v is not _MISSING}
+            if isinstance(obj, type) and obj.__module__.startswith("kb_nano"):
+                snap[name].update({f"{k}.__code__": v.__code__ for k, v in snap[name].items() if _ours(v)})
         for name in self._modules:
             module = sys.modules.get(name)
             if module is not None:
                 snap[name] = dict(vars(module))
-        snap["precision"] = _precision_flags()
+                # a function's code can be swapped without replacing the function object
+                snap[name].update({f"{k}.__code__": v.__code__ for k, v in vars(module).items() if _ours(v)})
+        snap["precision"] = _global_state()
         return snap
 
-    def changed(self) -> list[str]:
-        """Names whose object (or flag value) differs from the snapshot."""
-        now = self._take()
+    def changed(self, _take=_take) -> list[str]:
+        """Names whose object (or flag value) differs from the snapshot. (Methods are
+        bound through default arguments when the class is created, before any
+        candidate: replacing ``Namespaces._take``/``changed`` does not blind the guard.)"""
+        now = _take(self)
         out = []
         for ns, names in self._before.items():
             cur = now.get(ns, {})
@@ -134,9 +160,9 @@ class Namespaces:
                     out.append(f"{ns}.{k}")
         return out
 
-    def check(self, when: str) -> Violation:
+    def check(self, when: str, _changed=changed) -> Violation:
         """``("tampered", message)`` when anything changed since the snapshot."""
-        changed = self.changed()
+        changed = _changed(self)
         if not changed:
             return None
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
@@ -159,6 +185,8 @@ def _same(old, new) -> bool:
         return True
     if _is_data(old) and _is_data(new):
         return bool(old == new)
+    if _in_torch(old) and _in_torch(new):
+        return True  # torch patching itself (dynamo's mutation guard re-binds nn.Module.__init__)
     inner = new
     for _ in range(4):
         inner = getattr(inner, "__wrapped__", None)
@@ -167,9 +195,19 @@ def _same(old, new) -> bool:
         if inner is old:
             # defined in torch's own files (functools.wraps copies __module__, so that
             # proves nothing; the wrapper's code object says where it was written)
-            code = getattr(new, "__code__", None)
-            return code is not None and os.path.abspath(code.co_filename).startswith(_TORCH_DIR)
+            return _in_torch(new)
     return False
+
+
+def _ours(obj) -> bool:
+    """A Python function kb-nano defines (its code object is watched as well)."""
+    return inspect.isfunction(obj) and str(getattr(obj, "__module__", "")).startswith("kb_nano")
+
+
+def _in_torch(obj) -> bool:
+    """A Python function written in torch's own files."""
+    code = getattr(obj, "__code__", None)
+    return code is not None and os.path.abspath(code.co_filename).startswith(_TORCH_DIR)
 
 
 def invalid_outputs(out, device: torch.device) -> Violation:
@@ -202,15 +240,38 @@ def _span(t: torch.Tensor) -> tuple[int, int] | None:
     return lo, lo + extent * t.element_size()
 
 
+EXACT_OVERLAP_LIMIT = 1 << 24  # elements: above this, overlapping spans count as overlap
+
+
+def _addresses(t: torch.Tensor) -> torch.Tensor:
+    """Byte addresses of every element of ``t`` (CPU int64)."""
+    idx = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        idx = idx.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+    return (idx.flatten() * t.element_size() + t.data_ptr()).unique()
+
+
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share a byte: their spans overlap and (for strided views, e.g.
+    interleaved column slices of one buffer) some element addresses coincide."""
     sa, sb = _span(a), _span(b)
-    return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
+    if sa is None or sb is None or not (sa[0] < sb[1] and sb[0] < sa[1]):
+        return False
+    if (a.is_contiguous() and b.is_contiguous()) or a.numel() + b.numel() > EXACT_OVERLAP_LIMIT:
+        return True
+    lo_a, lo_b = _addresses(a), _addresses(b)
+    width = max(a.element_size(), b.element_size())
+    # element i of a overlaps element j of b when |addr_a - addr_b| < element size
+    pos = torch.searchsorted(lo_b, lo_a)
+    near = [lo_b[pos.clamp(max=len(lo_b) - 1)], lo_b[(pos - 1).clamp(min=0)]]
+    return bool(any(((n - lo_a).abs() < width).any() for n in near))
 
 
 def aliased_outputs(out, inputs: dict[str, torch.Tensor], allowed: tuple[str, ...], previous=None) -> Violation:
     """``output_aliased`` when an output's memory overlaps an input not named in
-    ``allowed`` (the operator's ``mutable_inputs``), another output, or an output of the
-    ``previous`` call. ``inputs`` maps input names to the tensors the call received."""
+    ``allowed`` (the operator's ``mutable_inputs``), another output, or an output of an
+    earlier call (``previous``: one call's output, or a list of several calls' outputs).
+    ``inputs`` maps input names to the tensors the call received."""
     outs = [o for o in _flatten(out) if isinstance(o, torch.Tensor)]
     for i, o in enumerate(outs):
         for name, t in inputs.items():
@@ -219,11 +280,18 @@ def aliased_outputs(out, inputs: dict[str, torch.Tensor], allowed: tuple[str, ..
         for j in range(i):
             if _overlap(o, outs[j]):
                 return "output_aliased", f"outputs {j} and {i} share memory"
-    prev = [p for p in _flatten(previous) if isinstance(p, torch.Tensor)] if previous is not None else []
+    prev = []
+    for p in (previous if isinstance(previous, list) else [previous]):
+        prev += [t for t in _flatten(p) if isinstance(t, torch.Tensor)] if p is not None else []
+    # an earlier output that is a view of an input the operator may write (vLLM's
+    # in-place kernels return their inputs) shares memory with this call's output only
+    # because the harness reuses input buffers across calls
+    writable = [t for name, t in inputs.items() if name in allowed and isinstance(t, torch.Tensor)]
+    prev = [p for p in prev if not any(_overlap(p, w) for w in writable)]
     for i, o in enumerate(outs):
         for j, p in enumerate(prev):
             if _overlap(o, p):
-                return "output_aliased", (f"output {i} shares memory with output {j} of the previous call: a reused "
+                return "output_aliased", (f"output {i} shares memory with an output of an earlier call: a reused "
                                           "buffer is overwritten by the next call")
     return None
 

@@ -128,7 +128,12 @@ def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: boo
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         key = error.absolute_path[0] if error.absolute_path else None
         origin = _FLAG_FOR_KEY.get(key, key) if key in overrides else source
-        raise KbNanoError(f"{origin}: {where}: {error.message}")
+        hint = ""
+        if error.validator == "type" and isinstance(error.instance, str):
+            with contextlib.suppress(ValueError):
+                float(error.instance)
+                hint = f" (YAML reads {error.instance} as a string; write it with a decimal point, e.g. 5.0e3)"
+        raise KbNanoError(f"{origin}: {where}: {error.message}{hint}")
     kbw.check_config(config)
     kbw.candidates(root, config)
     kbw.model_config_files(root, config)

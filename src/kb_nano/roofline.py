@@ -17,6 +17,7 @@ own working-set size instead.
 from __future__ import annotations
 
 import json
+import math
 import socket
 from pathlib import Path
 
@@ -96,7 +97,10 @@ def peaks(device: torch.device, device_name: str, dtype: torch.dtype, cache_dir:
     path = cache_dir / f"{safe}.json"
     try:
         value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if not all(isinstance(value.get(k), (int, float)) and math.isfinite(value[k]) and value[k] > 0
+                   for k in ("copy_gbps", "matmul_tflops")):
+            raise ValueError(f"{path}: not a peaks record")  # damaged or edited: measure again
+    except (OSError, ValueError, AttributeError):
         value = measure_peaks(device, dtype)
         cache_dir.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
@@ -123,4 +127,5 @@ def review(candidate_ms: float, bound: float | None, peak: dict) -> str | None:
     if bound is None or candidate_ms >= MARGIN * bound:
         return None
     return (f"implausible: candidate {candidate_ms:.4g} ms is below the roofline bound {bound:.4g} ms "
-            f"(measured copy {peak['copy_gbps']:.0f} GB/s, matmul {peak['matmul_tflops']:.1f} TFLOP/s); check the result by hand")
+            f"(copy {peak['copy_gbps']:.0f} GB/s, matmul {peak['matmul_tflops']:.1f} TFLOP/s, measured unless the "
+            "config's roofline block sets them); check the result by hand")

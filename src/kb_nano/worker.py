@@ -9,6 +9,7 @@ this module itself is torch-free at import (the Snakemake process imports it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -45,6 +46,27 @@ def _die_with_owner(owner_pid: int) -> None:
     threading.Thread(target=watch, name="kb_nano-owner-watch", daemon=True).start()
 
 
+def _become_subreaper() -> None:
+    """Make this worker the Linux "child subreaper" of everything it starts
+    (``prctl(PR_SET_CHILD_SUBREAPER)``): a process a candidate detaches (double fork,
+    ``setsid``) is re-parented to the worker instead of init, so
+    :func:`_kill_descendants` (and the job's kill on timeout) still finds it. A worker
+    that crashes leaves such orphans to init: a stated limit."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process below this worker (candidate helpers, detached or not)."""
+    import psutil
+
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
 def run(spec: dict, log: str) -> None:
     """Entry point of the worker process (a ``multiprocessing`` target).
 
@@ -52,8 +74,8 @@ def run(spec: dict, log: str) -> None:
     ``settings`` (see :func:`kb_nano.bench.measure`), ``root``, ``output`` (shard path),
     ``gpu_ids`` (leased ids, exported as ``CUDA_VISIBLE_DEVICES`` before torch touches
     CUDA; None for a CPU job), ``owner_pid`` (the job's process; the worker dies with it).
-    stdout/stderr go to ``log``. Ctrl-C kills it by SIGINT, which the job reads as
-    "interrupted" rather than "crashed".
+    stdout/stderr go to ``log``. Every process the candidate started, detached ones
+    included, is killed before the row is written (:func:`_become_subreaper`).
     """
     _die_with_owner(int(spec["owner_pid"]))
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -63,10 +85,12 @@ def run(spec: dict, log: str) -> None:
     os.close(fd)
     if spec.get("gpu_ids"):
         os.environ["CUDA_VISIBLE_DEVICES"] = spec["gpu_ids"]
+    _become_subreaper()
     from kb_nano.bench import measure
     from kb_nano.schema import write_rows
 
     row = measure(spec["scenario"], spec["candidate_id"], Path(spec["candidate_path"]), spec["settings"], Path(spec["root"]))
+    _kill_descendants()  # nothing the candidate started may outlive it (or touch the shard later)
     row["gpu_ids"] = spec.get("gpu_ids")  # leased by the job (kb_nano.gpus)
     write_rows([row], Path(spec["output"]))
     print(f"{row['scenario_id']} {row['candidate']}: {row['status']}" + (f" ({row['error']})" if row["error"] else ""))

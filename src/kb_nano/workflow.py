@@ -26,8 +26,9 @@ def check_config(config: dict) -> None:
         operators.check_target(name, where="config targets")
     import math
 
-    for key in ("atol", "rtol", "timeout_s"):
-        value = config.get(key)
+    numbers = {key: config.get(key) for key in ("atol", "rtol", "timeout_s", "memory_limit_gb")}
+    numbers.update({f"roofline.{k}": v for k, v in (config.get("roofline") or {}).items()})
+    for key, value in numbers.items():
         if isinstance(value, (int, float)) and not math.isfinite(value):
             raise KbNanoError(f"config {key}: {value} is not a finite number")
     categories = {e.category for e in operators.CATALOG.values()}

@@ -6,7 +6,7 @@ import torch
 from _common import Base, rms_norm
 
 EXPECTED = "output_aliased"
-EXPECTED_ERROR = "previous call"
+EXPECTED_ERROR = "earlier call"
 
 
 class StaticOutputBuffer(Base):
