@@ -155,13 +155,11 @@ def _run_leased(scenario, candidate_id, candidate_path, settings, output, log, r
         proc.join()
         code = proc.exitcode
     if status is None and code == -signal.SIGINT:
-        # Ctrl-C reaches the worker too (it shares the terminal's process group) and then
-        # takes this Snakemake process down within the second; if it did not, the
-        # candidate interrupted itself and the row says so. (Snakemake drops a
-        # KeyboardInterrupt raised in a job thread and would wait for this job forever.)
-        # A row written during a real Ctrl-C is harmless: the job stays marked
-        # incomplete and --rerun-incomplete (profiles/default) runs it again.
-        time.sleep(1.0)
+        # Ctrl-C reached the worker (it shares the terminal's process group): no row, so
+        # Snakemake leaves the job incomplete and the next run does it again. (A SIGINT a
+        # candidate sends itself does not end up here: kb_nano.worker turns it into a
+        # failed exit, hence a crashed row.)
+        raise KeyboardInterrupt(f"{candidate_id} on {scenario['scenario_id']}: interrupted")
     ended_at = _utc_now()
     if status is None and not out.exists():
         status, error = "crashed", _crash_reason(code, log)

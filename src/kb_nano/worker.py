@@ -46,6 +46,28 @@ def _die_with_owner(owner_pid: int) -> None:
     threading.Thread(target=watch, name="kb_nano-owner-watch", daemon=True).start()
 
 
+def _sort_sigint() -> None:
+    """Tell a Ctrl-C from a candidate interrupting itself. SIGINT is blocked in every
+    thread and taken by a watcher thread (``sigwaitinfo``), which reads who sent it:
+    from this process (``si_pid``), it is the candidate's: the worker reports that and
+    exits with status 1 (the job writes a ``crashed`` row). From anywhere else (the
+    terminal's Ctrl-C, ``kill -INT``), it dies of SIGINT as before, which the job reads
+    as an interruption (no row; the next run redoes the job)."""
+    import threading
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def watch() -> None:
+        info = signal.sigwaitinfo({signal.SIGINT})
+        if info.si_pid == os.getpid():
+            print("the candidate sent SIGINT to its own process", flush=True)
+            os._exit(1)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        os.kill(os.getpid(), signal.SIGINT)  # default action: die of SIGINT
+
+    threading.Thread(target=watch, name="kb_nano-sigint", daemon=True).start()
+
+
 def _become_subreaper() -> None:
     """Make this worker the Linux "child subreaper" of everything it starts
     (``prctl(PR_SET_CHILD_SUBREAPER)``): a process a candidate detaches (double fork,
@@ -77,8 +99,9 @@ def run(spec: dict, log: str) -> None:
     stdout/stderr go to ``log``. Every process the candidate started, detached ones
     included, is killed before the row is written (:func:`_become_subreaper`).
     """
-    _die_with_owner(int(spec["owner_pid"]))
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _sort_sigint()  # before any thread starts: they inherit the blocked SIGINT
+    _die_with_owner(int(spec["owner_pid"]))
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
