@@ -536,10 +536,10 @@ def test_tolerance_classes():
         "qk_norm",
         "silu_and_mul",
         "gelu_and_mul",
-        "rotary_embedding",
         "embedding",
     ):
         assert by_op[name] == TOLERANCES["pointwise"], name
+    assert by_op["rotary_embedding"] == TOLERANCES["rotary"]  # the baseline's own bf16 error (base.py)
     assert by_op["lm_head"] == TOLERANCES["gemm"]
     for name in ("attention", "mlp", "fused_moe"):
         assert by_op[name] == TOLERANCES["fused"], name
