@@ -4,6 +4,7 @@ and the double-booking check both ways (the real rows pass; a doctored overlap f
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -49,9 +50,10 @@ def _fake_smi(out: Path) -> Path:
                  for r in rows.itertuples() for g in r.gpu_ids.split(",")]
         t = run.start_epoch
         while t <= run.end_epoch:
-            stamp = datetime.fromtimestamp(t).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]  # local time, ms
+            t_ms = math.floor(t * 1000) / 1000  # the sample's time as its (ms) stamp says, so the report sees the same
+            stamp = datetime.fromtimestamp(t_ms).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]  # local time, ms
             for gpu in "0123":
-                held = any(g == gpu and s <= t <= e for g, s, e in spans)
+                held = any(g == gpu and s <= t_ms <= e for g, s, e in spans)
                 lines.append(f"{stamp}, {gpu}, {37 if held else 0} %, {2048 if held else 1} MiB")
             t += 0.2
     lines.append("2026/11/29 20:06:0")  # a line cut off when the sampler was killed
