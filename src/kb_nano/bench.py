@@ -55,12 +55,6 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
-def _flatten(out) -> list:
-    if isinstance(out, (tuple, list)):
-        return list(out)
-    return [out]
-
-
 def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float | None, float | None]:
     """Compare candidate output ``out`` with baseline output ``ref``.
 
@@ -74,7 +68,7 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
     all (exact, whatever atol/rtol), else ``passed``.
     ``max_rel_err = max|out - ref| / max|ref|`` over all outputs (norm-wise relative error).
     """
-    refs, outs = _flatten(ref), _flatten(out)
+    refs, outs = checks.flatten_outputs(ref), checks.flatten_outputs(out)
     if len(refs) != len(outs):
         return "incorrect_shape", f"returned {len(outs)} output(s), baseline returns {len(refs)}", None, None
     if isinstance(ref, torch.Tensor) != isinstance(out, torch.Tensor):
@@ -328,7 +322,7 @@ def _copy(out):
 
 
 def _device_of(out) -> torch.device:
-    for o in (out if isinstance(out, (tuple, list)) else [out]):
+    for o in checks.flatten_outputs(out):
         if isinstance(o, torch.Tensor):
             return o.device
     return torch.device("cpu")

@@ -58,7 +58,8 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _VOLATILE = {"__dict__", "__weakref__", "__doc__", "__abstractmethods__", "__annotations__", "__parameters__"}
 
 
-def _flatten(out) -> list:
+def flatten_outputs(out) -> list:
+    """A call's outputs as a list (a tensor, or a tuple/list of tensors and None)."""
     if isinstance(out, (tuple, list)):
         return list(out)
     return [out]
@@ -215,7 +216,7 @@ def invalid_outputs(out, device: torch.device) -> Violation:
     ``device`` (subclass, sparse or other non-strided layout, lazy conj/neg bit, meta
     tensor). Must run before anything reads the output's values, which would let a lazy
     tensor compute then."""
-    for i, o in enumerate(_flatten(out)):
+    for i, o in enumerate(flatten_outputs(out)):
         if o is None:
             continue
         if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
@@ -272,7 +273,7 @@ def aliased_outputs(out, inputs: dict[str, torch.Tensor], allowed: tuple[str, ..
     ``allowed`` (the operator's ``mutable_inputs``), another output, or an output of an
     earlier call (``previous``: one call's output, or a list of several calls' outputs).
     ``inputs`` maps input names to the tensors the call received."""
-    outs = [o for o in _flatten(out) if isinstance(o, torch.Tensor)]
+    outs = [o for o in flatten_outputs(out) if isinstance(o, torch.Tensor)]
     for i, o in enumerate(outs):
         for name, t in inputs.items():
             if isinstance(t, torch.Tensor) and name not in allowed and _overlap(o, t):
@@ -282,7 +283,7 @@ def aliased_outputs(out, inputs: dict[str, torch.Tensor], allowed: tuple[str, ..
                 return "output_aliased", f"outputs {j} and {i} share memory"
     prev = []
     for p in (previous if isinstance(previous, list) else [previous]):
-        prev += [t for t in _flatten(p) if isinstance(t, torch.Tensor)] if p is not None else []
+        prev += [t for t in flatten_outputs(p) if isinstance(t, torch.Tensor)] if p is not None else []
     # an earlier output that is a view of an input the operator may write (vLLM's
     # in-place kernels return their inputs) shares memory with this call's output only
     # because the harness reuses input buffers across calls
@@ -319,7 +320,7 @@ def mutated_inputs(before: dict[str, torch.Tensor], after: dict[str, torch.Tenso
 def snapshot(out) -> list:
     """Copies of a call's tensor outputs, taken right after it returned (on CUDA queued on
     the current stream, with no synchronize)."""
-    return [o.clone() if isinstance(o, torch.Tensor) else None for o in _flatten(out)]
+    return [o.clone() if isinstance(o, torch.Tensor) else None for o in flatten_outputs(out)]
 
 
 def changed_after_return(out, snap: list, device: torch.device, wait_s: float) -> Violation:
@@ -330,7 +331,7 @@ def changed_after_return(out, snap: list, device: torch.device, wait_s: float) -
         timing._synchronize(device)
     else:
         timing.wait_briefly(wait_s)
-    for i, (o, s) in enumerate(zip(_flatten(out), snap)):
+    for i, (o, s) in enumerate(zip(flatten_outputs(out), snap)):
         if isinstance(o, torch.Tensor) and s is not None and not same_bits(o, s):
             return "unsynced_work", (f"output {i} changed after the call returned: work ran on another "
                                      f"{'stream' if device.type == 'cuda' else 'thread'}, outside the timing")
