@@ -1,4 +1,4 @@
-"""kb_nano.bench.compare: statuses, the allclose criterion and the error metrics."""
+"""kb_nano.kernels.compare.compare: statuses, the allclose criterion and the error metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kb_nano.bench import compare
+from kb_nano.kernels.compare import compare
 from kb_nano.schema import STATUSES
 
 T = torch.tensor

@@ -38,7 +38,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock  # noqa: E402
 
 from kb_nano import operators  # noqa: E402
-from kb_nano.bench import compare, tolerance  # noqa: E402
+from kb_nano.kernels.compare import compare, tolerance  # noqa: E402
 from kb_nano.manifest import config_fields, dumps, generate  # noqa: E402
 from kb_nano.models import load_config, model_facts, resolve  # noqa: E402
 from kb_nano.operators.activations import GeluAndMul  # noqa: E402

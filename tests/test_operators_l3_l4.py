@@ -19,7 +19,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RotaryEmbedding  # noqa: E402
 
 from kb_nano import operators  # noqa: E402
-from kb_nano.bench import measure, randomize_constant_parameters  # noqa: E402
+from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
+from kb_nano.kernels.measure import measure_once as measure  # noqa: E402
 from kb_nano.candidates import load_class  # noqa: E402
 from kb_nano.manifest import generate  # noqa: E402
 from kb_nano.models import load_config, model_facts, resolve  # noqa: E402
@@ -403,7 +404,7 @@ def test_model_candidate_sdpa():
 
 
 def test_measure_rows_for_l3_l4(tmp_path):
-    """kb_nano.bench.measure end to end on manifest scenarios (tiny configs, real rules)."""
+    """The Tier-1 engine end to end on manifest scenarios (tiny configs, real rules)."""
     cfg_dir = tmp_path / "tiny-llama"
     cfg_dir.mkdir()
     (cfg_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
@@ -415,8 +416,8 @@ def test_measure_rows_for_l3_l4(tmp_path):
         "model__tiny-llama__tp1__n16",
         "model__tiny-llama__tp2__n16",
     ]
-    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3,
-                "num_threads": torch.get_num_threads()}
+    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1,
+                "timeout_s": 300}
     for sid, path, target in (
         ("decoder_layer__tiny-llama__tp2__n16", LAYER_CANDIDATE, "decoder_layer"),
         ("model__tiny-llama__tp1__n16", MODEL_CANDIDATE, "model"),

@@ -16,7 +16,7 @@ from torch import nn  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from kb_nano import operators, swap  # noqa: E402
-from kb_nano.bench import randomize_constant_parameters  # noqa: E402
+from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
 from kb_nano.candidates import discover, load_class  # noqa: E402
 from kb_nano.errors import KbNanoError  # noqa: E402
 from kb_nano.operators.activations import SiluAndMul  # noqa: E402

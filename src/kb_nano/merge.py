@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from kb_nano.files import atomic_write_text
-from kb_nano.schema import SCHEMA_VERSION, make_row, read_rows, scenario_fields, to_table, write_table
+from kb_nano.schema import COLUMNS, SCHEMA_VERSION, make_row, read_rows, scenario_fields, to_table, write_table
 
 
 def geomean(values) -> float | None:
@@ -53,6 +53,7 @@ def merge(
     parquet_out: Path,
     json_out: Path,
     scenarios: dict[str, dict] | None = None,
+    secret: bytes | None = None,
 ) -> list[dict]:
     """Merge ``shards`` plus ``not_applicable`` ``(scenario, candidate_id)`` pairs.
 
@@ -61,16 +62,28 @@ def merge(
     the shard path ``results/kernels/{target}/{name}/{scenario}.parquet``; the other rows
     are merged as usual. Writes the Parquet table (sorted by level, target, model, tp,
     num_tokens, candidate) and a JSON document ``{schema_version, tier, summary, rows}``,
-    both atomically. Returns the rows.
+    both atomically. With ``secret`` (:func:`kb_nano.kernels.signing.key`), the rows of
+    a shard whose signature does not match (changed after the judge wrote it, or never
+    signed by a judge) become ``tampered`` rows saying so. Returns the rows.
     """
     import pyarrow as pa
+
+    from kb_nano.kernels.signing import verify
+    from kb_nano.schema import read_signed
 
     readable, broken = [], []
     for path in shards:
         try:
-            readable.append(read_rows([path]))
+            stored, found = read_signed(Path(path))
         except (OSError, pa.ArrowException) as exc:
             broken.append((Path(path), exc))
+            continue
+        if secret is not None and not verify(stored, found, secret):
+            why = "its signature does not match" if found else "it carries no judge's signature"
+            for r in stored:
+                r.update(status="tampered", error=(f"shard {path} changed after the judge wrote it ({why}); "
+                                                   "delete it and rerun the job"))
+        readable.append(to_table([{k: r.get(k) for k in COLUMNS} for r in stored]))
     table = pa.concat_tables(readable) if readable else read_rows([])
     for path, exc in broken:
         reason = (f"shard {path} is unreadable ({' '.join(str(exc).split())[:160]}...); delete it and rerun with "

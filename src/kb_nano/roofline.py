@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from kb_nano import timing
+from kb_nano.kernels import timing
 
 MARGIN = 0.8  # flag below 80% of the bound: measured peaks are ~90-95% of datasheet peaks
 COPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # copy size: far above L2 (H200: 60 MB) / a CPU's LLC

@@ -3,13 +3,14 @@
 Times are milliseconds; ``speedup = baseline_ms / candidate_ms`` (medians); ``*_iqr`` is
 the interquartile range (p75 - p25) of the per-call times in ms. ``bytes_moved`` and
 ``flops`` are the operator's minimum traffic per call (see each operator's ``traffic``).
-``gpu_ids`` are the device ids the job leased (``CUDA_VISIBLE_DEVICES`` of its worker,
+``gpu_ids`` are the device ids the job leased (``CUDA_VISIBLE_DEVICES`` of its judge,
 comma-separated; null for a CPU job; see :mod:`kb_nano.gpus`). ``started_at`` / ``ended_at``
-(ISO 8601 UTC, microseconds) bound the job's worker: taken by :mod:`kb_nano.kernel_job`
-after its device lease was acquired and before the worker started, and after the worker
-exited, before the lease was released; so two rows holding one device never have
-overlapping ``[started_at, ended_at]`` (``bench/multi_gpu_report.py`` checks it);
-``created_at`` has seconds only and is taken inside the worker. Torch-free.
+(ISO 8601 UTC, microseconds) bound the judge's work on the scenario, which happens while
+the job holds its device lease; so two rows holding one device never have overlapping
+``[started_at, ended_at]`` (``bench/multi_gpu_report.py`` checks it); ``created_at`` has
+seconds only. ``seed`` is the measurement's seed, drawn from the OS (``--seed`` replays
+it); ``sandbox`` says how the candidate's worker was confined (``landlock abi N``, or
+``none: why``). Every shard is signed (:mod:`kb_nano.kernels.signing`). Torch-free.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 
 from kb_nano.files import atomic_path
 
-SCHEMA_VERSION = 3  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline, started_at/ended_at
+SCHEMA_VERSION = 4  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline, started_at/ended_at; 4: judge and workers (OS seed, sandbox, signed shards)
 
 STATUSES = (
     "passed",
@@ -34,7 +35,7 @@ STATUSES = (
     "timeout",
     "crashed",
     "skipped",
-    # anti-cheat rules (kb_nano.checks)
+    # anti-cheat rules (kb_nano.kernels.checks, kb_nano.kernels.guard, the judge)
     "tampered",
     "invalid_output",
     "output_aliased",
@@ -71,7 +72,7 @@ KERNEL_SCHEMA = pa.schema(
         ("speedup", pa.float64()),
         ("baseline_ms_iqr", pa.float64()),
         ("candidate_ms_iqr", pa.float64()),
-        ("speedup_ci_low", pa.float64()),  # paired bootstrap 95% interval of speedup (kb_nano.timing.speedup_ci)
+        ("speedup_ci_low", pa.float64()),  # paired bootstrap 95% interval of speedup (kb_nano.kernels.timing.speedup_ci)
         ("speedup_ci_high", pa.float64()),
         ("significant", pa.bool_()),  # the interval excludes 1.0
         ("baseline_wall_ms", pa.float64()),  # CUDA: median host time of a call + device-wide synchronize
@@ -84,7 +85,8 @@ KERNEL_SCHEMA = pa.schema(
         ("l2_flush_bytes", pa.int64()),  # zeroed before each CUDA call (2 x the device's L2)
         ("float32_matmul_precision", pa.string()),  # fixed for both sides
         ("allow_tf32", pa.bool_()),
-        ("num_trials", pa.int32()),  # correctness trials before timing
+        ("num_trials", pa.int32()),  # correctness trials before timing (edge-case trials not counted)
+        ("sandbox", pa.string()),  # how the candidate's worker was confined: "landlock abi N" or "none: why"
         ("roofline_ms", pa.float64()),  # lower bound of one call from measured peaks (kb_nano.roofline)
         ("device_copy_gbps", pa.float64()),  # measured device copy bandwidth, GB/s (read + write)
         ("review", pa.string()),  # set when the result needs a person's look (implausible speedup)
@@ -155,16 +157,32 @@ def to_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist([make_row(**r) for r in rows], schema=KERNEL_SCHEMA)
 
 
-def write_rows(rows: list[dict], path: Path) -> None:
+def write_rows(rows: list[dict], path: Path, secret: bytes | None = None) -> None:
     """Write rows as a Parquet shard atomically (temporary file in the same directory +
-    rename), so a killed job never leaves a half-written shard."""
-    write_table(to_table(rows), path)
+    rename), so a killed job never leaves a half-written shard; with ``secret`` signed
+    (:mod:`kb_nano.kernels.signing`)."""
+    table = to_table(rows)
+    if secret is not None:
+        from kb_nano.kernels.signing import METADATA_KEY, signature
+
+        table = table.replace_schema_metadata({METADATA_KEY: signature(table.to_pylist(), secret)})
+    write_table(table, path)
 
 
 def write_table(table: pa.Table, path: Path) -> None:
     """Write an Arrow table to Parquet atomically."""
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
+
+
+def read_signed(path: Path) -> tuple[list[dict], str | None]:
+    """A shard's rows as stored and its signature (None when unsigned)."""
+    from kb_nano.kernels.signing import METADATA_KEY
+
+    table = pq.read_table(path)
+    meta = table.schema.metadata or {}
+    found = meta.get(METADATA_KEY)
+    return table.to_pylist(), found.decode() if found else None
 
 
 def read_rows(paths: list[Path]) -> pa.Table:

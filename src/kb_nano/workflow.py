@@ -15,7 +15,9 @@ from kb_nano.models import INDEX_FILE, check_config_file, resolve
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Harness files whose edits must rerun every kernel job (with the operator's own module).
 HARNESS_MODULES = (
-    "bench.py", "timing.py", "candidates.py", "schema.py", "worker.py", "kernel_job.py", "gpus.py", "operators/base.py",
+    *(f"kernels/{m}.py" for m in ("checks", "compare", "guard", "inputs", "job", "judge", "judge_process", "measure",
+                                  "pool", "sandbox", "shm", "signing", "timing", "worker", "worker_process")),
+    "candidates.py", "schema.py", "gpus.py", "operators/base.py",
 )
 MANIFEST_MODULES = ("models.py", "manifest.py", "operators/__init__.py", "operators/base.py")
 
@@ -165,7 +167,7 @@ def settings(config: dict) -> dict:
     change reruns the jobs)."""
     return {
         "device": config["device"],
-        # None (null in the config) = each operator's own tolerance (kb_nano.bench.tolerance).
+        # None (null in the config) = each operator's own tolerance (kb_nano.kernels.compare.tolerance).
         "atol": None if config.get("atol") is None else float(config["atol"]),
         "rtol": None if config.get("rtol") is None else float(config["rtol"]),
         "num_warmup": int(config["num_warmup"]),

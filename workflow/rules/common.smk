@@ -7,7 +7,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from kb_nano import kernel_job
+from kb_nano.kernels import job as kernel_job
 from kb_nano import workflow as kbw
 from kb_nano.errors import KbNanoError
 

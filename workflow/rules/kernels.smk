@@ -1,8 +1,8 @@
 rule kernel_bench:
     # run: (no conda:, it runs in the Snakemake process's environment, which imports
     # kb_nano at parse time anyway): with force-use-threads (profiles/default) jobs are
-    # threads of the Snakemake process, and each forks its worker from one fork server
-    # that imported torch once (kb_nano.kernel_job).
+    # threads of the Snakemake process; each hands its scenario to the judge process of
+    # its device, which keeps one worker per candidate between jobs (kb_nano.kernels.job).
     input:
         unpack(kernel_job_inputs),
     output:

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from kb_nano.kernels.signing import key
 from kb_nano.manifest import load
 from kb_nano.merge import merge
 
@@ -13,6 +14,7 @@ rows = merge(
     Path(snakemake.output.parquet),
     Path(snakemake.output.json),
     scenarios,
+    secret=key(Path(".")),
 )
 with open(snakemake.log[0], "w") as log:
     print(f"merged {len(snakemake.input.shards)} shards + {len(not_applicable)} not-applicable rows = {len(rows)} rows", file=log)

@@ -93,6 +93,7 @@ OPERATORS = {
         traffic=_gelu_traffic,
         used_in="layers.*.mlp.act_fn (GeGLU, between gate_up_proj and down_proj)",
         applies_to=lambda facts: facts["hidden_act"] in GELU_TANH_ACTS,
+        edge_cases=("tiny", "large"),
     ),
     "silu_and_mul": Operator(
         name="silu_and_mul",
@@ -104,5 +105,6 @@ OPERATORS = {
         traffic=_traffic,
         used_in="layers.*.mlp.act_fn (between gate_up_proj and down_proj)",
         applies_to=lambda facts: facts["hidden_act"] == "silu",
+        edge_cases=("tiny", "large"),
     ),
 }

@@ -42,7 +42,12 @@ class Operator:
             return views of), as vLLM's in-place kernels do (``fused_add_rms_norm``:
             ``x``/``residual``; ``rotary_embedding``: ``query``/``key``). Any other input
             must hold the same bytes after the call (``input_mutated``) and share no
-            memory with an output (``output_aliased``); see :mod:`kb_nano.checks`.
+            memory with an output (``output_aliased``); see :mod:`kb_nano.kernels.checks`.
+        edge_cases: extra correctness trials on inputs that reach the operator's numerical
+            corners (names of :data:`kb_nano.kernels.inputs.EDGE_CASES`): ``zero_row`` (an
+            all-zero token row: a norm without ``eps`` divides 0 by 0), ``tiny`` (values
+            x 1e-3: variance near ``eps``, so a wrong or missing ``eps`` shows), ``large``
+            (values x 100). Applied to the inputs drawn from N(0, std^2).
     """
 
     name: str
@@ -57,6 +62,7 @@ class Operator:
     variants: Callable[[dict, dict], list[tuple[str, dict]]] = field(default=lambda facts, options: [("", {})])
     tolerance: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(TOLERANCES["pointwise"]))
     mutable_inputs: tuple[str, ...] = ()
+    edge_cases: tuple[str, ...] = ()
 
 
 # Correctness tolerances (atol, rtol) per operator numerics class and dtype; a candidate

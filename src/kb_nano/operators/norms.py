@@ -138,6 +138,9 @@ def _qk_traffic(args, inputs, dtype):
     return 2 * n * width * es + 2 * args["head_dim"] * es, 4 * n * width
 
 
+# an all-zero row (0 / sqrt(0 + eps)), variance near eps, and large values
+NORM_EDGE_CASES = ("zero_row", "tiny", "large")
+
 OPERATORS = {
     "qk_norm": Operator(
         name="qk_norm",
@@ -149,6 +152,7 @@ OPERATORS = {
         traffic=_qk_traffic,
         used_in="layers.*.self_attn.q_norm / k_norm (per head, after qkv_proj, before rotary_emb)",
         applies_to=lambda facts: facts["model_type"] in QK_NORM_MODEL_TYPES,
+        edge_cases=NORM_EDGE_CASES,
     ),
     "rms_norm": Operator(
         name="rms_norm",
@@ -159,6 +163,7 @@ OPERATORS = {
         inputs=_rms_inputs,
         traffic=_rms_traffic,
         used_in="model.norm (final norm); input_layernorm of layer 0",
+        edge_cases=NORM_EDGE_CASES,
     ),
     "fused_add_rms_norm": Operator(
         name="fused_add_rms_norm",
@@ -170,5 +175,6 @@ OPERATORS = {
         traffic=_fused_traffic,
         used_in="layers.*.input_layernorm (layers >= 1), layers.*.post_attention_layernorm",
         mutable_inputs=("x", "residual"),  # vLLM's fused_add_rms_norm writes both in place
+        edge_cases=NORM_EDGE_CASES,
     ),
 }

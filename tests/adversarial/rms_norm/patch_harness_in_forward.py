@@ -6,12 +6,12 @@ import sys
 from _common import Base, rms_norm
 
 EXPECTED = "tampered"
-EXPECTED_ERROR = "kb_nano.timing._perf_counter_ns"
+EXPECTED_ERROR = "kb_nano.kernels.timing._perf_counter_ns"
 
 
 class PatchHarnessInForward(Base):
     def forward(self, x, residual=None):
-        timing = sys.modules.get("kb_nano.timing")
+        timing = sys.modules.get("kb_nano.kernels.timing")
         if timing is not None and not getattr(timing, "_patched", False):
             real = timing._perf_counter_ns
             timing._perf_counter_ns = lambda: real() // 10

@@ -1,61 +1,44 @@
-"""Anti-cheat rules of a Tier-1 measurement (issue 7). Each rule returns ``None`` when
-the candidate complies, else ``(status, message)``; :func:`kb_nano.bench.measure` turns
-the first violation into the row.
+"""Anti-cheat rules a worker applies to its own calls. Each rule returns ``None`` when the
+call complies, else ``(status, message)``; the worker reports the first violation and the
+judge (:mod:`kb_nano.kernels.judge`) turns it into the row.
 
 =================  ==================================================================
 status             rule
 =================  ==================================================================
-``tampered``       the candidate replaced a function or flag the harness or the baseline
-                   relies on: ``time``, ``torch``, ``torch.Tensor``,
-                   ``torch.nn.functional``, ``torch.cuda`` (``Event``, ``synchronize``),
-                   numpy's statistics, kb-nano's timing/check modules, or the TF32 /
-                   matmul-precision settings (:class:`Namespaces`). Checked after import,
-                   after every correctness trial, after the timing loop and at the end.
 ``invalid_output`` an output is not a plain dense tensor: a ``torch.Tensor`` subclass (a
                    lazy or wrapper tensor that computes on access), a non-strided layout
                    (sparse), a lazily conjugated/negated view, or on another device
                    (:func:`invalid_outputs`).
 ``output_aliased`` an output shares memory with an input the operator's contract does not
-                   let it write, with another output, or with an output of the previous
-                   call (a reused static buffer) (:func:`aliased_outputs`).
+                   let it write, with another output, or with an output of an earlier
+                   call that the worker still holds (:func:`aliased_outputs`; the worker
+                   holds every output of a measurement up to a memory budget).
 ``input_mutated``  an input the contract does not let the operator write changed during
-                   the call (:func:`mutated_inputs`; contract:
-                   ``Operator.mutable_inputs``, e.g. ``fused_add_rms_norm`` may write
-                   ``x`` and ``residual`` as vLLM's kernel does).
-``unsynced_work``  work the call left running after it returned, so the timing missed
-                   it: the output changed after the call returned
-                   (:func:`changed_after_return`), a Python thread it left running used
-                   CPU or finished afterwards (:class:`ThreadWatch`), or on CUDA the
-                   device-wide timing exceeds the event timing
-                   (:func:`kb_nano.timing.hidden_work_ms`).
+                   the call (:func:`mutated_inputs`; the judge also compares the
+                   candidate's input slots with its own copy after every batch).
+``unsynced_work``  work the call left running after it returned: the output changed after
+                   the call returned (:func:`changed_after_return`), or a thread it left
+                   running used CPU or finished afterwards (:class:`ThreadWatch`).
 =================  ==================================================================
 
-Caching on input identity, pointer or content is defeated by fresh input values (the
-second and later correctness trials reuse the first trial's buffers with new values; the
-timing loop writes new values before every call) and fails as ``incorrect``; so does a
-candidate that is right at first and wrong after the timing loop (the check is repeated
-after it). Limits (documented in the README): candidates run in the harness's process,
-so a candidate that edits the harness's memory through ``ctypes``/``gc`` or starts native
-threads is outside what these rules see.
+``tampered`` (replaced functions, flags and hooks) is :mod:`kb_nano.kernels.guard`.
+These rules run inside the candidate's process, so a candidate that attacks its own
+worker can switch them off; what no candidate can switch off is checked by the judge in
+its own process (every output's values, the input slots, the clock around each batch,
+the candidate process's CPU time while the baseline runs).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
-import sys
 import threading
 import time
 
-import numpy as np
 import torch
 
-from kb_nano import timing
+from kb_nano.kernels import timing
 
 Violation = tuple[str, str] | None
-_MISSING = object()
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_VOLATILE = {"__dict__", "__weakref__", "__doc__", "__abstractmethods__", "__annotations__", "__parameters__"}
 
 
 def flatten_outputs(out) -> list:
@@ -63,152 +46,6 @@ def flatten_outputs(out) -> list:
     if isinstance(out, (tuple, list)):
         return list(out)
     return [out]
-
-
-def _global_state() -> dict[str, object]:
-    """Process-wide switches that change what every call does: precision flags, the
-    torch function/dispatch mode stacks, and the global nn.Module hooks (a candidate can
-    slow the baseline down through any of them)."""
-    import torch.nn.modules.module as mm
-
-    hooks = {name: tuple(getattr(mm, name).keys()) for name in dir(mm)
-             if name.startswith("_global_") and isinstance(getattr(mm, name), dict)}
-    return {
-        "torch function modes (torch._C._len_torch_function_stack())": torch._C._len_torch_function_stack(),
-        "torch dispatch modes (torch._C._len_torch_dispatch_stack())": torch._C._len_torch_dispatch_stack(),
-        **{f"torch.nn.modules.module.{k}": v for k, v in hooks.items()},
-        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
-        "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction":
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction":
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-    }
-
-
-class Namespaces:
-    """A snapshot of every object a baseline or the harness looks up by name, to detect a
-    candidate that replaces one (``tampered``). Taken before the candidate is imported.
-
-    Watched: the attributes (inherited ones too) of ``time``, ``torch``, ``torch.Tensor``,
-    ``torch.nn.functional``, ``torch.nn.Module``, ``torch.cuda``, ``torch.cuda.Event``,
-    ``numpy``, ``builtins``, the harness's check classes; the module globals (and their
-    functions' code objects) of :mod:`kb_nano.timing`, :mod:`kb_nano.checks`,
-    :mod:`kb_nano.bench`, :mod:`kb_nano.roofline`, :mod:`kb_nano.schema`; ``baseline``'s
-    class attributes (its whole MRO) and its module's globals; the TF32 /
-    matmul-precision flags, the torch function and dispatch mode stacks and the global
-    ``nn.Module`` hooks. Names that appear later (lazily imported submodules) are
-    allowed; replaced or deleted ones are not."""
-
-    def __init__(self, baseline: type | None = None) -> None:
-        import torch.nn.functional as F
-
-        import builtins
-
-        from kb_nano import bench
-
-        self._objects = {
-            "time": time, "torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": F,
-            "torch.nn.Module": torch.nn.Module, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
-            "numpy": np, "builtins": builtins,
-            # the harness's own classes (a replaced method would switch a check off)
-            "kb_nano.checks.Namespaces": Namespaces, "kb_nano.checks.ThreadWatch": ThreadWatch,
-            "kb_nano.bench._Trial": bench._Trial, "kb_nano.bench._SampledCalls": bench._SampledCalls,
-        }
-        self._modules = ["kb_nano.timing", "kb_nano.checks", "kb_nano.bench", "kb_nano.roofline", "kb_nano.schema"]
-        if baseline is not None:
-            for cls in baseline.__mro__:
-                if cls is not object:
-                    self._objects[f"{cls.__module__}.{cls.__qualname__}"] = cls
-            self._modules.append(baseline.__module__)
-        self._before = self._take()
-
-    def _take(self) -> dict[str, dict]:
-        snap = {}
-        for name, obj in self._objects.items():
-            # getattr_static: the stored object itself (a classmethod is re-bound on each
-            # getattr). Classes: dunders too (Module.__call__, Tensor.__mul__).
-            keep = (lambda k: k not in _VOLATILE) if isinstance(obj, type) else (lambda k: not k.startswith("__"))
-            # Names dir() lists without a stored value (numpy's and torch's lazily imported
-            # submodules, served by a module __getattr__) are left out: appearing later is fine.
-            values = {k: inspect.getattr_static(obj, k, _MISSING) for k in dir(obj) if keep(k)}
-            snap[name] = {k: v for k, v in values.items() if v is not _MISSING}
-            if isinstance(obj, type) and obj.__module__.startswith("kb_nano"):
-                snap[name].update({f"{k}.__code__": v.__code__ for k, v in snap[name].items() if _ours(v)})
-        for name in self._modules:
-            module = sys.modules.get(name)
-            if module is not None:
-                snap[name] = dict(vars(module))
-                # a function's code can be swapped without replacing the function object
-                snap[name].update({f"{k}.__code__": v.__code__ for k, v in vars(module).items() if _ours(v)})
-        snap["precision"] = _global_state()
-        return snap
-
-    def changed(self, _take=_take) -> list[str]:
-        """Names whose object (or flag value) differs from the snapshot. (Methods are
-        bound through default arguments when the class is created, before any
-        candidate: replacing ``Namespaces._take``/``changed`` does not blind the guard.)"""
-        now = _take(self)
-        out = []
-        for ns, names in self._before.items():
-            cur = now.get(ns, {})
-            for k, v in names.items():
-                if ns == "precision":
-                    if cur.get(k) != v:
-                        out.append(f"{k} ({v!r} -> {cur.get(k)!r})")
-                elif k not in cur or not _same(v, cur[k]):
-                    out.append(f"{ns}.{k}")
-        return out
-
-    def check(self, when: str, _changed=changed) -> Violation:
-        """``("tampered", message)`` when anything changed since the snapshot."""
-        changed = _changed(self)
-        if not changed:
-            return None
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        return "tampered", (f"{when}, the candidate changed {', '.join(changed[:3])}{more}: the harness's timer, "
-                            "statistics, precision settings and the baseline's functions must stay as they were")
-
-
-def _is_data(obj) -> bool:
-    return isinstance(obj, (str, bytes, int, float, complex, bool, tuple, frozenset, type(None)))
-
-
-def _same(old, new) -> bool:
-    """Whether a watched name still holds what the harness relies on: the same object; an
-    equal plain value (``time.tzname`` is a new tuple after any ``time.tzset()``); or
-    torch's own wrapper of the same object, i.e. a function written in torch's files whose
-    ``__wrapped__`` chain reaches it (``import torch._dynamo`` re-binds
-    ``torch.manual_seed`` to a dynamo-disabled wrapper, so ``torch.compile`` candidates
-    and the transformers baselines that import it are not tampering)."""
-    if new is old:
-        return True
-    if _is_data(old) and _is_data(new):
-        return bool(old == new)
-    if _in_torch(old) and _in_torch(new):
-        return True  # torch patching itself (dynamo's mutation guard re-binds nn.Module.__init__)
-    inner = new
-    for _ in range(4):
-        inner = getattr(inner, "__wrapped__", None)
-        if inner is None:
-            return False
-        if inner is old:
-            # defined in torch's own files (functools.wraps copies __module__, so that
-            # proves nothing; the wrapper's code object says where it was written)
-            return _in_torch(new)
-    return False
-
-
-def _ours(obj) -> bool:
-    """A Python function kb-nano defines (its code object is watched as well)."""
-    return inspect.isfunction(obj) and str(getattr(obj, "__module__", "")).startswith("kb_nano")
-
-
-def _in_torch(obj) -> bool:
-    """A Python function written in torch's own files."""
-    code = getattr(obj, "__code__", None)
-    return code is not None and os.path.abspath(code.co_filename).startswith(_TORCH_DIR)
 
 
 def invalid_outputs(out, device: torch.device) -> Violation:
@@ -294,6 +131,21 @@ def aliased_outputs(out, inputs: dict[str, torch.Tensor], allowed: tuple[str, ..
             if _overlap(o, p):
                 return "output_aliased", (f"output {i} shares memory with an output of an earlier call: a reused "
                                           "buffer is overwritten by the next call")
+    return None
+
+
+def first_overlap(new: list[torch.Tensor], older: list[torch.Tensor]) -> tuple[int, int] | None:
+    """A pair of tensors that share memory, at least one of them from ``new`` (indices
+    into ``older + new``), or None. Sorts the byte spans (O(n log n)), then confirms a
+    span overlap with :func:`_overlap` (exact for strided views)."""
+    items = older + new
+    spans = sorted((sp[0], sp[1], i) for i, t in enumerate(items) if (sp := _span(t)) is not None)
+    reach, holder = -1, -1
+    for lo, hi, i in spans:
+        if lo < reach and (i >= len(older) or holder >= len(older)) and _overlap(items[i], items[holder]):
+            return holder, i
+        if hi > reach:
+            reach, holder = hi, i
     return None
 
 

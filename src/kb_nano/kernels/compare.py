@@ -1,0 +1,128 @@
+"""The numerical comparison of a candidate's output with the baseline's, and the
+tolerance it uses. Runs in the judge, on the copies the workers wrote into the judge's
+output slots."""
+
+from __future__ import annotations
+
+import torch
+
+from kb_nano import operators
+from kb_nano.kernels.checks import flatten_outputs
+
+
+def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float | None, float | None]:
+    """Compare candidate output ``out`` with baseline output ``ref``.
+
+    Both may be a tensor or a tuple/list of tensors (or None entries). Returns
+    ``(status, error, max_abs_err, max_rel_err)``: ``incorrect_shape`` when the number
+    of outputs or a shape differs, ``incorrect_dtype`` for a dtype mismatch,
+    ``nonfinite`` when the candidate has NaN/Inf where the baseline does not,
+    ``incorrect`` when any element has ``|out - ref| > atol + rtol * |ref|``
+    (``torch.allclose`` semantics, the criterion of vLLM's kernel tests; ``rtol=0`` gives
+    a pure max-abs-error test), or when an integer/bool output (token ids) differs at
+    all (exact, whatever atol/rtol), else ``passed``.
+    ``max_rel_err = max|out - ref| / max|ref|`` over all outputs (norm-wise relative error).
+    """
+    refs, outs = flatten_outputs(ref), flatten_outputs(out)
+    if len(refs) != len(outs):
+        return "incorrect_shape", f"returned {len(outs)} output(s), baseline returns {len(refs)}", None, None
+    if isinstance(ref, torch.Tensor) != isinstance(out, torch.Tensor):
+        return "incorrect_shape", f"returned a {type(out).__name__}, baseline returns a {type(ref).__name__}", None, None
+    max_abs, max_ref, n_bad, n_all = 0.0, 0.0, 0, 0
+    for i, (r, o) in enumerate(zip(refs, outs)):
+        if r is None or o is None:
+            if r is not o:
+                return "incorrect_shape", f"output {i}: {type(o).__name__}, baseline {type(r).__name__}", None, None
+            continue
+        if not isinstance(o, torch.Tensor):
+            return "incorrect_shape", f"output {i}: {type(o).__name__}, expected a tensor", None, None
+        if tuple(o.shape) != tuple(r.shape):
+            return "incorrect_shape", f"output {i}: shape {tuple(o.shape)}, baseline {tuple(r.shape)}", None, None
+        if o.dtype != r.dtype:
+            return "incorrect_dtype", f"output {i}: dtype {o.dtype}, baseline {r.dtype}", None, None
+        if not (r.is_floating_point() or r.is_complex()):
+            n_bad += int((o != r).sum())
+            n_all += r.numel()
+            if r.numel():
+                diff = (o.double() - r.double()).abs()
+                max_abs = max(max_abs, float(diff.max()))
+                max_ref = max(max_ref, float(r.double().abs().max()))
+            continue
+        # bf16/fp16 values and their differences are exact in float32; float32 needs float64
+        wide = torch.float64 if r.dtype in (torch.float32, torch.float64) or r.is_complex() else torch.float32
+        rf, of = r.to(wide), o.to(wide)
+        finite_o = torch.isfinite(of)
+        all_finite = bool(finite_o.all())
+        if not all_finite:
+            bad = ~finite_o & torch.isfinite(rf)
+            if bool(bad.any()):
+                return "nonfinite", f"output {i}: {int(bad.sum())} NaN/Inf value(s) where the baseline is finite", None, None
+        if rf.numel():
+            diff = (of - rf).abs_()  # rf/of may be r/o themselves: only new tensors are written
+            ref_abs = rf.abs()
+            if not all_finite:  # NaN/Inf where the baseline has them too: no difference counted
+                diff.nan_to_num_(0.0)  # equal infinities: NaN -> 0; opposite ones: inf -> float max
+                ref_abs.nan_to_num_(0.0)
+            max_abs = max(max_abs, float(diff.max()))
+            max_ref = max(max_ref, float(ref_abs.max()))
+            n_bad += int(diff.gt_(ref_abs.mul_(rtol).add_(atol)).sum())
+            n_all += rf.numel()
+    max_rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else float("inf"))
+    if n_bad:
+        return (
+            "incorrect",
+            f"{n_bad} of {n_all} elements exceed atol {atol:g} + rtol {rtol:g} * |ref| (max_abs_err {max_abs:.4g})",
+            max_abs,
+            max_rel,
+        )
+    return "passed", None, max_abs, max_rel
+
+
+def tolerance(scenario: dict, settings: dict) -> tuple[float, float]:
+    """Effective ``(atol, rtol)`` of a measurement.
+
+    Rule: a number in ``settings`` (the config's ``atol`` / ``rtol``, ``--atol`` / ``--rtol``)
+    is a global override for every operator; ``None`` (the default config) means the
+    operator's tolerance for the scenario dtype, which the manifest records in the
+    scenario (``Operator.tolerance``, table :data:`kb_nano.operators.base.TOLERANCES`).
+    Each of the two is resolved on its own.
+    """
+    if scenario.get("atol") is None or scenario.get("rtol") is None:
+        from kb_nano.operators.base import tolerance_for
+
+        default = tolerance_for(operators.get(scenario["target"]), scenario["dtype"])
+    else:
+        default = (float(scenario["atol"]), float(scenario["rtol"]))
+    atol = default[0] if settings.get("atol") is None else float(settings["atol"])
+    rtol = default[1] if settings.get("rtol") is None else float(settings["rtol"])
+    return atol, rtol
+
+
+
+
+def spec_mismatch(ref: dict, got: dict) -> tuple[str, str] | None:
+    """Compare a candidate's output description with the baseline's, as the workers
+    report them (:func:`kb_nano.kernels.worker.spec_of`: ``kind`` and ``outputs``, each
+    ``[shape, dtype]`` or a type name). Returns ``(status, message)`` like
+    :func:`compare` (``incorrect_shape``, ``incorrect_dtype``) or None when they agree.
+    ``got`` comes from the candidate's process: anything malformed is
+    ``incorrect_shape``."""
+    try:
+        r_out, g_out = list(ref["outputs"]), list(got["outputs"])
+        if len(r_out) != len(g_out):
+            return "incorrect_shape", f"returned {len(g_out)} output(s), baseline returns {len(r_out)}"
+        if (ref["kind"] == "Tensor") != (got["kind"] == "Tensor"):
+            return "incorrect_shape", f"returned a {str(got['kind'])[:40]}, baseline returns a {ref['kind']}"
+        for i, (r, g) in enumerate(zip(r_out, g_out)):
+            if isinstance(r, list) != isinstance(g, list):
+                what = "Tensor" if isinstance(g, list) else str(g)[:40]
+                return "incorrect_shape", f"output {i}: {what}, baseline {'Tensor' if isinstance(r, list) else r}"
+            if not isinstance(r, list):
+                continue
+            if [int(d) for d in g[0]] != list(r[0]):
+                return "incorrect_shape", f"output {i}: shape {tuple(g[0])}, baseline {tuple(r[0])}"
+            if str(g[1]) != r[1]:
+                return "incorrect_dtype", f"output {i}: dtype torch.{str(g[1])[:20]}, baseline torch.{r[1]}"
+    except (KeyError, TypeError, ValueError, IndexError):
+        return "incorrect_shape", "the candidate's worker reported outputs the judge cannot read"
+    return None

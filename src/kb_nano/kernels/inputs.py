@@ -1,0 +1,134 @@
+"""The values a measurement feeds both sides, made by the judge.
+
+Seeds: every measurement draws its seed from the operating system
+(:func:`draw_seed`; the row records it, ``--seed`` replays it). The input values come
+from that seed and never leave the judge; the module parameters come from
+:func:`param_seed`, a one-way hash of it, because both workers build them (so a
+candidate that learns its parameter seed still cannot compute the inputs).
+
+Distributions: each input spec names its distribution (``normal`` N(0, std^2) for
+activations and hidden states, ``randint`` for token ids and positions, ``uniform``,
+``exponential``; :func:`kb_nano.operators.base.make_tensor`). Correctness trials add the
+operator's edge cases (:data:`EDGE_CASES`, chosen per operator in
+``Operator.edge_cases``). Timed calls get new values in every slot before every batch;
+golden inputs (captured from a model) rotate and are scaled by a fresh factor in
+[0.75, 1.25) per slot, so no two calls see the same values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from pathlib import Path
+
+import torch
+
+from kb_nano.operators.base import make_tensor, refill_
+
+# name -> what it does to the N(0, std^2) inputs of a correctness trial
+EDGE_CASES = {
+    "zero_row": "token row 0 of every normally distributed input set to zeros",
+    "tiny": "normally distributed inputs scaled by 1e-3 (variance near a norm's eps)",
+    "large": "normally distributed inputs scaled by 100",
+}
+_SCALE = {"tiny": 1e-3, "large": 100.0}
+
+
+def draw_seed() -> int:
+    """A fresh 62-bit seed from the OS's random source (``secrets``)."""
+    return secrets.randbits(62)
+
+
+def param_seed(seed: int) -> int:
+    """The 31-bit seed of the module parameters of measurement ``seed``:
+    ``sha256(f"params:{seed}")``, so it does not reveal ``seed``."""
+    return int(hashlib.sha256(f"params:{seed}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+def randomize_constant_parameters(module: torch.nn.Module, seed: int, std: float = 0.1) -> None:
+    """Add seeded N(0, std^2) noise to every floating-point parameter whose elements are all
+    equal (RMSNorm's ones, a zero bias), in place.
+
+    Weights initialised to a constant cannot tell a candidate that ignores them from a
+    correct one (``x * 1 == x``); vLLM's kernel tests randomise them the same way
+    (``weight.normal_(mean=1.0, std=0.1)``). Randomly initialised parameters are kept.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point() and p.numel() > 0 and bool((p == p.flatten()[0]).all()):
+                noise = torch.randn(p.shape, generator=generator, dtype=torch.float32) * std
+                p.add_(noise.to(device=p.device, dtype=p.dtype))
+
+
+def make_inputs(scenario: dict, generator: torch.Generator, device: str, golden: dict | None, root: Path, draw: int):
+    """The input tensors of one call of ``scenario`` (in spec order) and their source.
+
+    With ``golden`` (the job's ``{"path", "sha256"}`` param, see
+    :func:`kb_nano.workflow.golden_param`) the inputs the capture provides come from it
+    (:func:`kb_nano.golden.golden_inputs`; ``draw`` 0 or 1 picks another layer/prompt) and
+    the rest are seeded random: source ``"golden"``. Without it, or when the capture does
+    not cover the scenario (the reason is printed to the job log), all inputs are seeded
+    random from ``generator``: source ``"random"``.
+    """
+    provided: dict = {}
+    if golden:
+        from kb_nano.golden import GoldenMismatch, golden_inputs
+
+        try:
+            provided = golden_inputs(scenario, golden, root, device, draw)
+        except GoldenMismatch as exc:
+            print(f"golden inputs not used for {scenario['scenario_id']}: {exc}; using seeded random inputs")
+    tensors = [provided[s["name"]] if s["name"] in provided else make_tensor(s, generator, device) for s in scenario["inputs"]]
+    return tensors, "golden" if provided else "random"
+
+
+def apply_edge_case(tensors: list[torch.Tensor], specs: list[dict], case: str) -> None:
+    """Turn one trial's inputs into edge case ``case`` (:data:`EDGE_CASES`), in place.
+    Raises ``KeyError`` for an unknown case."""
+    if case not in EDGE_CASES:
+        raise KeyError(f"unknown edge case {case!r}; known: {', '.join(EDGE_CASES)}")
+    for t, spec in zip(tensors, specs):
+        if spec["init"]["dist"] != "normal" or not t.is_floating_point() or t.numel() == 0:
+            continue
+        if case == "zero_row":
+            t[0].zero_()
+        else:
+            t.mul_(_SCALE[case])
+
+
+class Refresher:
+    """Writes fresh values into the judge's input slots before every batch.
+
+    ``slots``: one ``[k, *shape]`` tensor per input spec (slot ``i`` is row ``i``).
+    Random inputs: drawn on the slots' device from a generator seeded with the
+    measurement seed. Golden inputs: up to 8 captured draws rotate, each slot scaled by a
+    fresh factor in [0.75, 1.25) (router logits keep their top-k, attention its
+    structure)."""
+
+    def __init__(self, scenario: dict, slots: list[torch.Tensor], seed: int, golden: dict | None,
+                 root: Path, first_draw: int) -> None:
+        self.specs = scenario["inputs"]
+        self.slots = slots
+        device = slots[0].device if slots else torch.device("cpu")
+        self.gen = torch.Generator(device=device).manual_seed((seed ^ 0x5EED) + first_draw)
+        self.sets = None
+        if golden:
+            self.sets = [make_inputs(scenario, torch.Generator().manual_seed(seed + d), str(device), golden, root,
+                                     draw=first_draw + d)[0] for d in range(8)]
+            self.scales = torch.Generator().manual_seed(seed ^ 0x5CA1E)
+        self.calls = 0
+
+    def __call__(self, n: int) -> None:
+        """New values in slots ``0 .. n-1``."""
+        if self.sets is None:
+            for t, spec in zip(self.slots, self.specs):
+                refill_(t[:n], spec, self.gen)
+            return
+        for k in range(n):
+            factor = 0.75 + 0.5 * float(torch.rand((), generator=self.scales))
+            for t, v in zip(self.slots, self.sets[self.calls % len(self.sets)]):
+                t[k].copy_(v)
+                if t.is_floating_point():
+                    t[k].mul_(factor)
+            self.calls += 1

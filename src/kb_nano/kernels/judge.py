@@ -1,0 +1,359 @@
+"""The judge: one Tier-1 measurement, a candidate against the baseline on one scenario,
+with the candidate and the baseline each in a worker process of their own.
+
+The judge owns everything that decides the row. It draws the seed from the OS, makes
+every input value, shares them with each worker separately, collects the outputs into its
+own memory and compares every one of them with the baseline's, checks the candidate's
+input slots, times each batch of calls with its own clock, watches the candidate's CPU
+use while the baseline runs, and alone writes the (signed) shard. Steps:
+
+1. The candidate's worker (sandboxed, candidate imported once per file) and the baseline
+   worker build their modules from the same parameter seed.
+2. Correctness trials: ``num_trials`` on fresh random values (trial ``t`` reuses the slot
+   of trial ``t - 2`` with new values) plus the operator's edge cases
+   (:data:`kb_nano.kernels.inputs.EDGE_CASES`), every rule applied by the worker, every
+   output compared by the judge.
+3. Warm-up, then the timed batches, alternating baseline and candidate (ABAB), each batch
+   one call per slot on new values; every output compared; the candidate's slots
+   compared with the judge's copy; the judge's clock around each batch compared with the
+   times the worker reported (:func:`kb_nano.kernels.timing.batch_overhead_ms`).
+4. CUDA: the device-wide pass (``unsynced_work`` for work on other streams) and, with
+   ``cuda_graph``, CUDA-graph replays of each batch.
+5. One more checked call on new values, then the statistics, the bootstrap interval and
+   the roofline review.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+import kb_nano
+from kb_nano import operators, roofline
+from kb_nano.kernels import timing
+from kb_nano.kernels.checks import same_bits
+from kb_nano.kernels.compare import compare, spec_mismatch, tolerance
+from kb_nano.kernels.inputs import Refresher, apply_edge_case, draw_seed, make_inputs, param_seed
+from kb_nano.kernels.pool import Pool, WorkerHandle
+from kb_nano.kernels.shm import SharedTensors
+from kb_nano.operators.base import DTYPES
+from kb_nano.provenance import git_sha, package_version
+from kb_nano.schema import make_row, scenario_fields
+
+TARGET_BATCH_MS = {"cpu": 10.0, "cuda": 2.0}  # a batch this long resolves the judge's clock cross-check
+MAX_BATCH_CALLS = 1000  # calls (slots) per batch at most
+MIN_BATCHES = 5  # ABAB blocks per measurement at least
+SLOT_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # most memory the slots of one measurement take
+IDLE_CPU_S = 0.005  # CPU a candidate's process may use while the baseline is timed (+10% of that batch)
+HIDDEN_FRACTION = 0.1  # a candidate's batch may exceed its reported call times + the baseline's overhead by 10%
+HIDDEN_FLOOR_MS = {"cpu": 0.5, "cuda": 0.05}  # ... plus this jitter allowance per batch
+
+
+class Verdict(Exception):
+    """Ends a measurement early with ``status`` and ``message`` (and row ``fields``)."""
+
+    def __init__(self, status: str, message: str, **fields) -> None:
+        super().__init__(message)
+        self.status, self.message, self.fields = status, message, fields
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available else ``cpu``; otherwise the named device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def device_name(device: torch.device) -> str:
+    """GPU name from CUDA, or the CPU model name from ``/proc/cpuinfo``."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def _ask(worker: WorkerHandle, msg: dict, deadline: float, shared=None) -> dict:
+    reply = worker.request(msg, deadline, shared)
+    found = reply.get("violation")
+    if found:
+        if worker.role == "baseline":
+            raise RuntimeError(f"the baseline failed: {found[1]}")
+        raise Verdict(found[0], found[1])
+    return reply
+
+
+def batch_calls(call_ms: float, per_slot_bytes: int, device: torch.device) -> int:
+    """Calls (input slots) per batch: enough for a batch of :data:`TARGET_BATCH_MS`
+    at ``call_ms`` per call (so the judge's clock resolves work hidden outside the timed
+    calls), at most :data:`MAX_BATCH_CALLS` and what :data:`SLOT_BYTES` holds, at
+    least 2."""
+    want = TARGET_BATCH_MS.get(device.type, 10.0) / max(call_ms, 1e-4)
+    fit = SLOT_BYTES.get(device.type, 2 << 30) // max(per_slot_bytes, 1)
+    return int(max(2, min(MAX_BATCH_CALLS, fit, -(-want // 1))))
+
+
+class Measurement:
+    """The judge's state during one scenario (see the module docstring)."""
+
+    def __init__(self, scenario: dict, settings: dict, root: Path, pool: Pool, base: WorkerHandle,
+                 cand: WorkerHandle, device: torch.device, seed: int, deadline: float) -> None:
+        self.scenario, self.settings, self.root, self.pool = scenario, settings, Path(root), pool
+        self.base, self.cand, self.device, self.seed, self.deadline = base, cand, device, seed, deadline
+        self.op = operators.get(scenario["target"])
+        self.specs = scenario["inputs"]
+        self.atol, self.rtol = tolerance(scenario, settings)
+        self.golden = settings.get("golden")
+        self.source = "random"
+        self.worst = [0.0, 0.0]
+        self.shared: list[SharedTensors] = []
+
+    def close(self) -> None:
+        for s in self.shared:
+            s.close()
+        self.shared = []
+
+    def prepare(self) -> None:
+        """Build both modules and learn the output spec from the baseline (two slots)."""
+        msg = {"cmd": "setup", "scenario": self.scenario, "param_seed": param_seed(self.seed)}
+        _ask(self.cand, msg, self.deadline)
+        _ask(self.base, msg, self.deadline)
+        gen = torch.Generator().manual_seed(self.seed)
+        self.first, self.source = make_inputs(self.scenario, gen, str(self.device), self.golden, self.root, draw=0)
+        self.out_spec = None
+        self.make_slots(2)
+        self._fill(0, self.first)
+        self.out_spec = _ask(self.base, {"cmd": "probe"}, self.deadline)["spec"]
+        self.make_slots(2)
+
+    def per_slot_bytes(self) -> int:
+        from kb_nano.operators.base import spec_bytes
+
+        outs = [o for o in (self.out_spec or {"outputs": []})["outputs"] if isinstance(o, list)]
+        out_bytes = sum(torch.Size(s).numel() * torch.empty((), dtype=getattr(torch, d)).element_size() for s, d in outs)
+        return 3 * sum(spec_bytes(s) for s in self.specs) + 2 * out_bytes
+
+    def make_slots(self, k: int) -> None:
+        """``k`` slots for each side: one shared ``[k, *shape]`` tensor per input (and,
+        once the output spec is known, per tensor output), plus the judge's own copy
+        of the inputs (``src``)."""
+        self.close()
+        self.k = k
+        in_specs = [([k, *s["shape"]], DTYPES[s["dtype"]]) for s in self.specs]
+        self.src = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in in_specs]
+        self.ins, self.outs = {}, {}
+        outputs = (self.out_spec or {}).get("outputs")
+        for side, worker in (("base", self.base), ("cand", self.cand)):
+            self.ins[side] = self._share(in_specs, [True] * len(in_specs), worker, "inputs")
+            if outputs is not None:
+                pattern = [isinstance(o, list) for o in outputs]
+                specs = [([k, *o[0]], getattr(torch, o[1])) for o in outputs if isinstance(o, list)]
+                self.outs[side] = self._share(specs, pattern, worker, "outputs")
+
+    def _share(self, specs, pattern, worker, tag) -> list:
+        shared = SharedTensors(specs, self.device)
+        self.shared.append(shared)
+        _ask(worker, {"tag": tag, "pattern": pattern}, self.deadline, shared)
+        it = iter(shared.tensors)
+        return [next(it) if present else None for present in pattern]
+
+    def _fill(self, k: int, values=None) -> None:
+        """Slot ``k`` of both sides := ``values`` (or the judge's source slot ``k``)."""
+        for i, src in enumerate(self.src):
+            if values is not None:
+                src[k].copy_(values[i])
+            for side in ("base", "cand"):
+                self.ins[side][i][k].copy_(src[k])
+
+    def _fill_all(self, n: int) -> None:
+        for i, src in enumerate(self.src):
+            for side in ("base", "cand"):
+                self.ins[side][i][:n].copy_(src[:n])
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _check_slots(self, sl: slice, when: str) -> None:
+        """Every candidate output of the slots ``sl`` against the baseline's; the
+        candidate's read-only inputs against the judge's copy."""
+        self._sync()
+        allowed = self.op.mutable_inputs
+        for spec, t, s in zip(self.specs, self.ins["cand"], self.src):
+            if spec["name"] not in allowed and not same_bits(t[sl], s[sl]):
+                raise Verdict("input_mutated", f"{when}: the call changed input {spec['name']!r}; "
+                              f"this operator may write {', '.join(allowed) or 'no input'}")
+        refs = [None if o is None else o[sl] for o in self.outs["base"]]
+        outs = [None if o is None else o[sl] for o in self.outs["cand"]]
+        status, error, max_abs, max_rel = compare(refs, outs, self.atol, self.rtol)
+        if status != "passed":
+            raise Verdict(status, f"{when}: {error}", max_abs_err=max_abs, max_rel_err=max_rel)
+        self.worst = [max(self.worst[0], max_abs or 0.0), max(self.worst[1], max_rel or 0.0)]
+
+    def trial(self, k: int, values, when: str) -> None:
+        """One checked call of each side on ``values`` in slot ``k``."""
+        self._fill(k, values)
+        _ask(self.base, {"cmd": "trial", "slot": k, "when": when}, self.deadline)
+        reply = _ask(self.cand, {"cmd": "trial", "slot": k, "when": when}, self.deadline)
+        found = spec_mismatch(self.out_spec, reply.get("spec") or {})
+        if found:
+            raise Verdict(found[0], f"{when}: {found[1]}")
+        self._check_slots(slice(k, k + 1), when)
+
+    def trials(self) -> int:
+        """The correctness trials; returns how many ran."""
+        num = max(2, int(self.settings.get("num_trials") or 3))
+        gen = torch.Generator().manual_seed(self.seed)
+        cases = list(self.op.edge_cases)
+        total = num + len(cases)
+        for t in range(total):
+            if t == 0:
+                values = self.first
+                make_inputs(self.scenario, gen, str(self.device), self.golden, self.root, draw=0)  # keep gen in step
+            else:
+                values, _ = make_inputs(self.scenario, gen, str(self.device), self.golden if t < num else None,
+                                        self.root, draw=t)
+            if t >= num:
+                apply_edge_case(values, self.specs, cases[t - num])
+                when = f"edge-case trial {cases[t - num]!r}"
+            else:
+                when = f"correctness trial {t + 1} of {num}"
+            self.trial(t % 2, values, when)
+        return num
+
+    def batch(self, worker: WorkerHandle, start: int, stop: int, mode: str) -> tuple[dict, float]:
+        """One batch of ``worker``; returns its reply and the judge's clock around it (ms)."""
+        t0 = timing.now_ns()
+        reply = _ask(worker, {"cmd": "batch", "start": start, "stop": stop, "mode": mode}, self.deadline)
+        elapsed = (timing.now_ns() - t0) / 1e6
+        if worker is self.cand and mode != "warmup" and "graph_error" not in reply:
+            _ask(worker, {"cmd": "check"}, self.deadline)  # the worker's rules, outside the clock
+        return reply, elapsed
+
+    def refresher(self, first_draw: int) -> Refresher:
+        """Fresh values for the current slots (see :class:`kb_nano.kernels.inputs.Refresher`)."""
+        golden = self.golden if self.source == "golden" else None
+        return Refresher(self.scenario, self.src, self.seed, golden, self.root, first_draw)
+
+    def timed(self, first_draw: int) -> dict:
+        """Warm-up (two slots), then the batch size from the baseline's warm-up times
+        (:func:`batch_calls`), then at least :data:`MIN_BATCHES` ABAB batches and
+        ``num_runs`` calls per side. Returns the per-call samples of both sides and the
+        judge's clock around each batch. Raises :class:`Verdict`."""
+        num_runs, num_warmup = int(self.settings["num_runs"]), int(self.settings["num_warmup"])
+        refresh = self.refresher(first_draw)
+        warm = []
+        for done in range(0, max(num_warmup, 2), self.k):
+            n = min(self.k, max(num_warmup, 2) - done)
+            self._refill(refresh, n)
+            warm += self.batch(self.base, 0, n, "warmup")[0]["times_ms"]
+            self.batch(self.cand, 0, n, "warmup")
+        k = batch_calls(float(timing.summarize(warm)[0]), self.per_slot_bytes(), self.device)
+        if k != self.k:
+            self.make_slots(k)
+            refresh = self.refresher(first_draw + 8)
+        self.refresh = refresh
+        out = {"base": [], "cand": [], "judge_base": [], "judge_cand": [], "rep_base": [], "rep_cand": []}
+        for _ in range(max(MIN_BATCHES, -(-num_runs // self.k))):
+            self._refill(refresh, self.k)
+            cpu0 = self.cand.cpu_s()
+            rb, tb = self.batch(self.base, 0, self.k, "time")
+            idle = self.cand.cpu_s() - cpu0
+            if idle > IDLE_CPU_S + 0.1 * tb / 1e3:
+                raise Verdict("unsynced_work", f"the candidate's processes used {idle * 1e3:.1f} ms of CPU while the "
+                              f"baseline's {tb:.1f} ms batch was timed: work left running outside its own calls")
+            rc, tc = self.batch(self.cand, 0, self.k, "time")
+            self._check_slots(slice(0, self.k), "in the timed calls")
+            for side, reply, judge_ms in (("base", rb, tb), ("cand", rc, tc)):
+                times = [float(t) for t in reply["times_ms"]][: self.k]
+                if len(times) != self.k:
+                    raise Verdict("runtime_error", f"the {side} worker reported {len(times)} times for {self.k} calls")
+                out[side] += times
+                out[f"judge_{side}"].append(judge_ms)
+                out[f"rep_{side}"].append(sum(times))
+        return out
+
+    def _refill(self, refresh: Refresher, n: int) -> None:
+        refresh(n)
+        self._fill_all(n)
+
+    def wall_pass(self) -> dict:
+        """CUDA device-wide pass: host clock + synchronize per call, both sides."""
+        out = {"base": ([], []), "cand": ([], [])}
+        for done in range(0, timing.WALL_CHECK_RUNS, self.k):
+            n = min(self.k, timing.WALL_CHECK_RUNS - done)
+            self._refill(self.refresh, n)
+            for side, worker in (("base", self.base), ("cand", self.cand)):
+                reply, _ = self.batch(worker, 0, n, "wall")
+                out[side][0].extend(reply["times_ms"])
+                out[side][1].extend(reply["event_ms"])
+            self._check_slots(slice(0, n), "in the device-wide pass")
+        return out
+
+    def graph_pass(self, replays: int) -> dict:
+        """CUDA graphs: each side's batch (one call per slot) captured once and replayed
+        ``replays`` times on new values; per-call ms, or the capture error."""
+        out = {"base": [], "cand": []}
+        for _ in range(replays):
+            self._refill(self.refresh, self.k)
+            for side, worker in (("base", self.base), ("cand", self.cand)):
+                reply, _ = self.batch(worker, 0, self.k, "graph")
+                if "graph_error" in reply:
+                    return {"graph_error": f"{'baseline' if side == 'base' else 'candidate'}: {reply['graph_error']}"}
+                out[side] += reply["times_ms"][:1]
+            self._check_slots(slice(0, self.k), "in the CUDA-graph replays")
+        return out
+
+
+def hidden_ms(s: dict) -> float:
+    """Work the candidate did inside its batches but outside its reported call times, per
+    batch, in ms: the least, over batches, of the judge's clock around a candidate batch
+    minus the call times its worker reported, less the same least overhead of the
+    baseline's batches (the same IPC and output copies). Host jitter only ever adds time,
+    so the least overhead is its noise-free part; work a candidate moves out of its timed
+    calls (or a clock it slows down) is in every batch, so it stays."""
+    import numpy as np
+
+    over_b = float(np.min(np.subtract(s["judge_base"], s["rep_base"])))
+    return float(np.min(np.subtract(s["judge_cand"], s["rep_cand"]))) - over_b
+
+
+KEEP_WORKER = {"passed", "skipped", "incorrect", "incorrect_shape", "incorrect_dtype", "nonfinite"}
+
+
+def row_fields(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path,
+               device: torch.device, seed: int) -> dict:
+    """The row fields known before measuring (see :mod:`kb_nano.schema`)."""
+    from kb_nano.candidates import file_sha256
+
+    atol, rtol = tolerance(scenario, settings)
+    return {
+        **scenario_fields(scenario),
+        "input_source": "golden" if settings.get("golden") else "random",
+        "seed": seed,
+        "candidate": candidate_id,
+        "candidate_sha256": file_sha256(candidate_path),
+        "atol": atol,
+        "rtol": rtol,
+        "num_warmup": int(settings["num_warmup"]),
+        "num_runs": int(settings["num_runs"]),
+        "num_trials": max(2, int(settings.get("num_trials") or 3)),
+        "num_threads": int(settings["num_threads"]),
+        "float32_matmul_precision": str(settings.get("float32_matmul_precision") or "highest"),
+        "device": device.type,
+        "device_name": device_name(device),
+        "torch_version": torch.__version__,
+        "triton_version": package_version("triton"),
+        "kb_nano_version": kb_nano.__version__,
+        "git_sha": git_sha(root),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -1,0 +1,92 @@
+"""The judge process of one device: serves the kernel jobs of a Snakemake invocation one
+scenario at a time and writes their shards.
+
+:mod:`kb_nano.kernels.job` starts one per device (``cpu``, or each leased GPU) from a
+fork server with torch imported, and sends it one request per job; the judge keeps its
+workers (:class:`kb_nano.kernels.pool.Pool`) between requests and dies with the
+Snakemake process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kb_nano.kernels import signing
+from kb_nano.kernels.measure import Interrupted, measure
+from kb_nano.kernels.pool import Pool
+from kb_nano.kernels.worker_process import _die_with_owner
+from kb_nano.schema import write_rows
+
+
+def utc_now() -> str:
+    """Now as ISO 8601 UTC with microseconds (``2026-11-20T10:31:07.123456+00:00``)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def serve(conn, spec: dict) -> None:
+    """Entry point (a ``multiprocessing`` target). ``spec``: ``env`` (set first:
+    ``CUDA_VISIBLE_DEVICES`` of the leased GPU), ``owner_pid`` (the Snakemake process),
+    ``gpu_ids``. Each request is a dict with ``scenario``, ``candidate_id``,
+    ``candidate_path``, ``settings``, ``output``, ``log``, ``root``; the reply is
+    ``{"status"}`` after the shard is written, ``{"interrupted"}`` (no shard), or
+    ``{"error"}`` (a failure of the baseline or the judge; no shard)."""
+    os.environ.update(spec.get("env") or {})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _die_with_owner(int(spec["owner_pid"]))
+    pools: dict[tuple, Pool] = {}
+    try:
+        while True:
+            try:
+                req = conn.recv()
+            except EOFError:
+                break
+            if req is None:
+                break
+            try:
+                conn.send({"status": _one(req, pools, spec.get("gpu_ids"))})
+            except Interrupted as exc:
+                conn.send({"interrupted": str(exc)})
+            except Exception as exc:
+                from kb_nano.candidates import one_line
+
+                conn.send({"error": one_line(exc), "traceback": traceback.format_exc()})
+    finally:
+        for pool in pools.values():
+            pool.close()
+
+
+def _one(req: dict, pools: dict, gpu_ids: str | None) -> str:
+    """Measure one request and write its signed shard; returns the status."""
+    from kb_nano.kernels.judge import resolve_device
+
+    root = Path(req["root"])
+    settings = req["settings"]
+    device = str(resolve_device(settings["device"]))
+    key = (device, str(root))
+    if key not in pools:
+        env = {"OMP_WAIT_POLICY": "PASSIVE"}
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        pools[key] = Pool(device, env, root)
+    out = Path(req["output"])
+    out.unlink(missing_ok=True)
+    Path(req["log"]).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    try:
+        started_at = utc_now()
+        row = measure(req["scenario"], req["candidate_id"], Path(req["candidate_path"]), settings, root,
+                      pools[key], fd)
+        row.update(gpu_ids=gpu_ids, started_at=started_at, ended_at=utc_now())
+        write_rows([row], out, secret=signing.key(root))
+        line = f"{row['scenario_id']} {row['candidate']}: {row['status']}" + (f" ({row['error']})" if row["error"] else "")
+        os.write(fd, (line + "\n").encode())
+        return row["status"]
+    except Exception:
+        os.write(fd, traceback.format_exc().encode())
+        raise
+    finally:
+        os.close(fd)

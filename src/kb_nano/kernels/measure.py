@@ -1,0 +1,180 @@
+"""One scenario end to end in the judge: workers from the pool, the steps of
+:class:`kb_nano.kernels.judge.Measurement`, the rules only the judge can apply, and the row.
+
+Candidate problems become rows (``import_error``, ``runtime_error``, ``incorrect*``,
+``nonfinite``, ``tampered``, ``invalid_output``, ``output_aliased``, ``input_mutated``,
+``unsynced_work``, ``skipped``, ``crashed``, ``timeout``); a Ctrl-C that reached a
+worker raises :class:`Interrupted` (no row, the job reruns next time); a failure of the
+baseline or of the judge itself propagates.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from kb_nano import roofline
+from kb_nano.kernels import timing
+from kb_nano.kernels.inputs import draw_seed, make_inputs
+from kb_nano.kernels.judge import (HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement, Verdict, device_name,
+                                   hidden_ms, resolve_device, row_fields)
+from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
+from kb_nano.operators.base import DTYPES
+from kb_nano.schema import make_row
+
+GRAPH_REPLAYS = 10  # CUDA-graph replays per side (each: one call per slot)
+
+
+class Interrupted(Exception):
+    """A worker died of a SIGINT from outside (Ctrl-C): the job ends without a row."""
+
+
+def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path, pool: Pool,
+            log_fd: int) -> dict:
+    """Run candidate ``candidate_path`` against the baseline on ``scenario``; returns the row.
+
+    ``settings``: ``device``, ``atol``/``rtol`` (None = the operator's), ``num_warmup``,
+    ``num_runs``, ``num_trials`` (>= 2), ``num_threads``, ``timeout_s`` (the scenario's
+    deadline, worker starts included), ``seed`` (None = drawn from the OS), ``golden``,
+    ``cuda_graph``, ``float32_matmul_precision``, ``memory_limit_gb``, ``roofline``.
+    ``log_fd``: the job log, which both workers write to."""
+    t_start = time.perf_counter()
+    device = resolve_device(settings["device"])
+    seed = int(settings["seed"]) if settings.get("seed") is not None else draw_seed()
+    fields = row_fields(scenario, candidate_id, candidate_path, settings, root, device, seed)
+    deadline = time.monotonic() + float(settings["timeout_s"])
+    cand = base = m = None
+    status, error, extra = "passed", None, {}
+    try:
+        cand = pool.get_candidate(Path(candidate_path), scenario["target"], settings, log_fd, deadline)
+        fields["sandbox"] = cand.ready.get("sandbox")
+        cand.send_log(log_fd, deadline)
+        if cand.ready.get("violation"):
+            raise Verdict(*cand.ready["violation"])
+        base = pool.get_baseline(settings, log_fd, deadline)
+        base.send_log(log_fd, deadline)
+        fields.update(num_threads=base.ready["num_threads"], allow_tf32=base.ready["allow_tf32"])
+        m = Measurement(scenario, settings, root, pool, base, cand, device, seed, deadline)
+        with torch.inference_mode():
+            extra = _run(m, settings, Path(root))
+        fields["input_source"] = m.source
+    except Verdict as v:
+        status, error, extra = v.status, v.message, {**extra, **v.fields}
+    except WorkerTimeout as exc:
+        status, error = "timeout", f"exceeded timeout_s={settings['timeout_s']}: {exc}; killed"
+        pool.discard(base)  # which of the two hangs is not known: neither is kept
+    except WorkerGone as exc:
+        if exc.interrupted:
+            raise Interrupted(str(exc)) from None
+        status, error = "crashed", str(exc)
+    finally:
+        if m is not None:
+            m.close()
+    status, error = _end(pool, base, cand, status, error)
+    if m is not None:
+        extra.setdefault("max_abs_err", m.worst[0])
+        extra.setdefault("max_rel_err", m.worst[1])
+    if status != "passed":
+        extra = {k: v for k, v in extra.items() if k in ("max_abs_err", "max_rel_err", "baseline_ms", "candidate_ms")}
+    return make_row(**{**fields, **extra}, status=status, error=error, wall_s=time.perf_counter() - t_start)
+
+
+def _end(pool: Pool, base, cand, status: str, error: str | None) -> tuple[str, str | None]:
+    """Tear both workers down (the candidate's guard looks once more); discard a worker
+    whose outcome leaves it untrustworthy."""
+    for worker in (cand, base):
+        if worker is None or not worker.proc.is_alive():
+            pool.discard(worker)
+            continue
+        keep = status in KEEP_WORKER or worker is base
+        if keep:
+            try:
+                reply = worker.request({"cmd": "teardown"}, time.monotonic() + 30)
+            except (WorkerGone, WorkerTimeout):
+                reply, keep = {}, False
+            found = reply.get("violation")
+            if found and worker is cand and status == "passed":
+                status, error, keep = found[0], found[1], False
+        if not keep:
+            pool.discard(worker)
+    return status, error
+
+
+def _run(m: Measurement, settings: dict, root: Path) -> dict:
+    """The steps after the workers are up; returns the row's measured fields."""
+    device = m.device
+    m.prepare()
+    num_trials = m.trials()
+    peak = roofline.peaks(device, device_name(device), DTYPES[m.scenario["dtype"]], root / "results/.device",
+                          settings.get("roofline"), working_set=m.scenario.get("bytes_moved"))
+    s = m.timed(num_trials + 1)
+    b_med, b_iqr = timing.summarize(s["base"])
+    c_med, c_iqr = timing.summarize(s["cand"])
+    extra = {"baseline_ms": b_med, "candidate_ms": c_med}
+    hidden = hidden_ms(s)
+    if os.environ.get("KB_NANO_DEBUG"):
+        import numpy as np
+        print("DEBUG hidden", m.k, round(hidden, 4), "over_b", np.round(np.subtract(s["judge_base"], s["rep_base"]), 3).tolist(), "over_c", np.round(np.subtract(s["judge_cand"], s["rep_cand"]), 3).tolist(), flush=True)
+    limit = HIDDEN_FRACTION * statistics.median(s["rep_cand"]) + HIDDEN_FLOOR_MS.get(device.type, 0.3)
+    if hidden > limit:
+        raise Verdict("unsynced_work", f"the judge's clock around the candidate's batches of {m.k} calls exceeds the "
+                      f"call times its worker reported by {hidden:.4g} ms per batch more than the baseline's: work "
+                      "outside the timed calls (or a forged clock)", **extra)
+    if device.type == "cuda":
+        w = m.wall_pass()
+        hidden = timing.hidden_work_ms(*w["base"], *w["cand"])
+        extra.update(baseline_wall_ms=timing.summarize(w["base"][0])[0],
+                     candidate_wall_ms=timing.summarize(w["cand"][0])[0], hidden_work_ms=hidden)
+        if hidden is not None and hidden > timing.hidden_work_limit_ms(timing.summarize(w["cand"][1])[0]):
+            raise Verdict("unsynced_work", f"the device-wide timing exceeds the event timing by {hidden:.4g} ms per "
+                          "call (baseline-calibrated): the candidate leaves work on another stream that its events "
+                          "miss", **extra)
+    if settings.get("cuda_graph") and device.type != "cuda":
+        extra["graph_error"] = f"CUDA graphs need a CUDA device; this run is on {device.type}"
+    elif settings.get("cuda_graph"):
+        g = m.graph_pass(GRAPH_REPLAYS)
+        if "graph_error" in g:
+            extra["graph_error"] = g["graph_error"]
+        else:
+            extra.update(baseline_graph_ms=timing.summarize(g["base"])[0], candidate_graph_ms=timing.summarize(g["cand"])[0])
+            extra["graph_speedup"] = extra["baseline_graph_ms"] / extra["candidate_graph_ms"]
+    # once more on new values in the slots the timed calls used
+    k = num_trials % 2
+    gen = torch.Generator().manual_seed(m.seed ^ 0xA11)
+    values, _ = make_inputs(m.scenario, gen, str(device), m.golden, root, draw=num_trials)
+    m.trial(k, values, "after the timed calls")
+    lo, hi = timing.speedup_ci(s["base"], s["cand"], m.seed & 0x7FFFFFFF)
+    bound = roofline.bound_ms(m.scenario.get("bytes_moved"), m.scenario.get("flops"), peak)
+    extra.update(
+        num_runs=len(s["base"]),
+        speedup=b_med / c_med if c_med > 0 else None,
+        baseline_ms_iqr=b_iqr,
+        candidate_ms_iqr=c_iqr,
+        speedup_ci_low=lo,
+        speedup_ci_high=hi,
+        significant=bool(lo > 1.0 or hi < 1.0),
+        l2_flush_bytes=timing.l2_flush_bytes(device),
+        roofline_ms=bound,
+        device_copy_gbps=peak["copy_gbps"],
+        review=roofline.review(c_med, bound, peak),
+    )
+    return extra
+
+
+def measure_once(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path) -> dict:
+    """:func:`measure` with a pool of its own, closed afterwards (tests, scripts); the log
+    goes to a temporary file. Same arguments; ``settings["device"]`` may be ``auto``."""
+    import tempfile
+
+    device = resolve_device(settings["device"])
+    pool = Pool(str(device), {"OMP_WAIT_POLICY": "PASSIVE"}, Path(root))
+    with tempfile.TemporaryFile() as log:
+        try:
+            return measure(scenario, candidate_id, Path(candidate_path), {"seed": None, **settings}, Path(root), pool,
+                           log.fileno())
+        finally:
+            pool.close()

@@ -1,0 +1,266 @@
+"""The judge's worker processes: one baseline worker and one worker per candidate file,
+kept between scenarios, and the request/reply plumbing with its timeouts.
+
+Workers are started from a ``forkserver`` that imported torch and the worker modules
+once, never forked from the judge (whose memory maps the other side's slots). A worker
+whose candidate crashed, hung, ran into a runtime error or broke a rule is killed with
+everything it started; the next scenario gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from kb_nano.kernels import worker_process
+
+MAX_REPLY_BYTES = 1 << 20  # a worker's JSON reply; more is a protocol violation
+MAX_CANDIDATE_WORKERS = 4  # idle candidate workers kept per judge (least recently used go first)
+START_S = 120.0  # longest start of a worker (fork, torch threads, CUDA context) before the scenario clock
+
+
+class WorkerGone(Exception):
+    """The worker process died (``reason`` says how); ``interrupted`` when it died of a
+    SIGINT from outside (a Ctrl-C), which ends the job without a row."""
+
+    def __init__(self, reason: str, interrupted: bool = False) -> None:
+        super().__init__(reason)
+        self.interrupted = interrupted
+
+
+class WorkerTimeout(Exception):
+    """The worker did not answer before the scenario's deadline."""
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and every process below it."""
+    import psutil
+
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a worker and every process it started (a candidate may spawn helpers)."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        parent = psutil.Process(pid)
+        for proc in [*parent.children(recursive=True), parent]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+
+
+class WorkerHandle:
+    """The judge's end of one worker. ``ready`` is the worker's first reply (its sandbox,
+    thread count, and for a candidate the import's violation, if any)."""
+
+    def __init__(self, ctx, spec: dict, log_fd: int, deadline: float) -> None:
+        self.role = spec["role"]
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=worker_process.main, args=(child, spec), name=f"kb_nano {self.role}")
+        self.proc.start()
+        child.close()
+        self.pid = self.proc.pid
+        self.log_fd = log_fd
+        try:
+            self._send_fd(log_fd)  # the worker's stdout/stderr from its first line on
+            self.ready = self._receive(deadline)
+        except BaseException:
+            self.close()
+            raise
+
+    def request(self, msg: dict, deadline: float, shared=None) -> dict:
+        """Send ``msg`` (and then ``shared``'s descriptor, see :mod:`kb_nano.kernels.shm`)
+        and return the reply. Raises :class:`WorkerTimeout` past ``deadline`` (a
+        ``time.monotonic`` value) and :class:`WorkerGone` when the worker died."""
+        try:
+            if shared is not None:
+                shared.send(self.conn, self.pid, **msg)
+            else:
+                self.conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            raise self._gone() from None
+        return self._receive(deadline)
+
+    def send_log(self, fd: int, deadline: float) -> None:
+        """Point the worker's stdout and stderr at the scenario's log file ``fd``."""
+        self.log_fd = fd
+        self._send_fd(fd)
+        self._receive(deadline)
+
+    def _send_fd(self, fd: int) -> None:
+        from multiprocessing.reduction import send_handle
+
+        try:
+            self.conn.send({"cmd": "log"})
+            send_handle(self.conn, fd, self.pid)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            raise self._gone() from None
+
+    def _receive(self, deadline: float) -> dict:
+        ready = multiprocessing.connection.wait([self.conn, self.proc.sentinel], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise WorkerTimeout(f"the {self.role} worker did not answer in time")
+        if self.conn in ready:
+            try:
+                data = self.conn.recv_bytes(MAX_REPLY_BYTES)
+            except (EOFError, OSError):
+                raise self._gone() from None
+            try:
+                reply = json.loads(data)
+            except ValueError:
+                reply = None
+            if not isinstance(reply, dict):
+                raise WorkerGone(f"the {self.role} worker sent a malformed reply")
+            return reply
+        raise self._gone()
+
+    def _gone(self) -> WorkerGone:
+        self.proc.join(5)
+        code = self.proc.exitcode
+        if code == -signal.SIGINT:
+            return WorkerGone(f"the {self.role} worker was interrupted (SIGINT from outside)", interrupted=True)
+        how = f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with status {code}"
+        return WorkerGone(f"{self.role} worker {how} without a result" + _last_line(self.log_fd))
+
+    def cpu_s(self) -> float:
+        """CPU seconds used so far by the worker and everything it started."""
+        return tree_cpu_s(self.pid)
+
+    def close(self) -> None:
+        """Kill the worker and its process tree."""
+        kill_tree(self.pid)
+        self.proc.join(5)
+        self.conn.close()
+
+
+def _last_line(fd: int) -> str:
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, 4096, max(0, size - 4096)).decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in data.splitlines() if ln.strip()]
+    return f": {lines[-1][:200]}" if lines else ""
+
+
+def candidate_key(path: Path, settings: dict) -> tuple:
+    """What a candidate worker is kept for: its file's and helpers' bytes (an edit starts
+    a new worker) and the settings fixed at its start."""
+    h = hashlib.sha256()
+    for p in [Path(path), *sorted(Path(path).parent.glob("_*.py"))]:
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return (str(Path(path).resolve()), h.hexdigest(), _fixed(settings))
+
+
+def _fixed(settings: dict) -> tuple:
+    return (int(settings["num_threads"]), str(settings.get("float32_matmul_precision") or "highest"),
+            settings.get("memory_limit_gb"))
+
+
+class Pool:
+    """The workers of one judge (one device): ``device`` as the judge names it
+    (``cpu``, ``cuda:0``); ``env`` is set in every worker first; ``root`` is the
+    workflow directory (its ``results/`` is hidden from candidates)."""
+
+    def __init__(self, device: str, env: dict, root: Path) -> None:
+        ctx = multiprocessing.get_context("forkserver")
+        import sys
+
+        preload = ["kb_nano.kernels.worker_process"]
+        if "snakemake.cli" in sys.modules:  # see kb_nano.kernels.job.judge_context
+            preload.insert(0, "snakemake.cli")
+        ctx.set_forkserver_preload(preload)
+        self.ctx = ctx
+        self.device = device
+        self.env = dict(env)
+        self.root = Path(root)
+        self.baseline: WorkerHandle | None = None
+        self.baseline_key = None
+        self.candidates: collections.OrderedDict[tuple, WorkerHandle] = collections.OrderedDict()
+        self.scratch = Path(tempfile.mkdtemp(prefix="kb_nano-"))
+
+    def _spec(self, role: str, settings: dict) -> dict:
+        return {"role": role, "device": self.device, "env": self.env, "owner_pid": os.getpid(),
+                "num_threads": int(settings["num_threads"]), "memory_limit_gb": settings.get("memory_limit_gb"),
+                "precision": str(settings.get("float32_matmul_precision") or "highest")}
+
+    def get_baseline(self, settings: dict, log_fd: int, deadline: float) -> WorkerHandle:
+        """The baseline worker (started when missing or when its settings changed)."""
+        key = _fixed(settings)
+        if self.baseline is not None and (self.baseline_key != key or not self.baseline.proc.is_alive()):
+            self.discard(self.baseline)
+        if self.baseline is None:
+            self.baseline = WorkerHandle(self.ctx, self._spec("baseline", settings), log_fd, deadline)
+            self.baseline_key = key
+        return self.baseline
+
+    def get_candidate(self, path: Path, target: str, settings: dict, log_fd: int, deadline: float) -> WorkerHandle:
+        """The worker of candidate file ``path`` (started, sandboxed and importing the
+        candidate when there is none for the file's current bytes)."""
+        key = candidate_key(path, settings)
+        stale = [k for k in self.candidates if k[0] == key[0] and k != key]
+        for k in stale:
+            self.discard(self.candidates[k])
+        handle = self.candidates.get(key)
+        if handle is not None and handle.proc.is_alive():
+            self.candidates.move_to_end(key)
+            return handle
+        while len(self.candidates) >= MAX_CANDIDATE_WORKERS:
+            self.discard(next(iter(self.candidates.values())))
+        scratch = self.scratch / key[1][:16]
+        cache = cache_dir() / key[1][:16]
+        for d in (scratch, cache):
+            d.mkdir(parents=True, exist_ok=True)
+        env = {**self.env, "TMPDIR": str(scratch), "TRITON_CACHE_DIR": str(cache / "triton"),
+               "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "CUDA_CACHE_PATH": str(cache / "nv"),
+               "NUMBA_CACHE_DIR": str(cache / "numba"),
+               "HOME": str(scratch)}
+        spec = {**self._spec("candidate", settings), "env": env, "path": str(path), "target": target,
+                "writable": [str(scratch), str(cache)], "hidden": [str(self.root / "results")]}
+        handle = WorkerHandle(self.ctx, spec, log_fd, deadline)
+        self.candidates[key] = handle
+        return handle
+
+    def discard(self, handle: WorkerHandle | None) -> None:
+        """Kill ``handle``'s worker and forget it."""
+        if handle is None:
+            return
+        handle.close()
+        if handle is self.baseline:
+            self.baseline = None
+        for k, h in list(self.candidates.items()):
+            if h is handle:
+                del self.candidates[k]
+
+    def close(self) -> None:
+        """Kill every worker."""
+        for h in [self.baseline, *self.candidates.values()]:
+            self.discard(h)
+        import shutil
+
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def cache_dir() -> Path:
+    """Where candidates' compilers may cache (Triton, Inductor, numba, the CUDA JIT): one folder
+    per candidate file content under ``$XDG_CACHE_HOME/kb_nano`` (``~/.cache/kb_nano``),
+    so no candidate can plant entries in another's cache."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kb_nano" / "candidates"

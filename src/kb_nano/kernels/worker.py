@@ -1,0 +1,258 @@
+"""A worker process: runs one side of a measurement (the baseline, or one candidate) for
+as many scenarios as the judge sends it.
+
+The judge (:mod:`kb_nano.kernels.judge`) starts one baseline worker and one worker per
+candidate file on its device and keeps them between scenarios (imports, CUDA context and
+compiled kernels are paid once). It talks to a worker over a socket: the judge's
+requests are pickled dicts (a worker trusts its judge); a worker's replies are JSON
+(the judge never unpickles what a worker sends). Inputs arrive in slots the judge shares
+with this worker alone (:mod:`kb_nano.kernels.shm`); after every call the worker copies
+the outputs into the judge's output slots, untimed.
+
+A candidate's worker is sandboxed before it imports the candidate
+(:mod:`kb_nano.kernels.sandbox`: no writes outside its scratch and cache directories, no
+access to ``results/``, no signals or ptrace to processes outside it), becomes the child
+subreaper of everything the candidate starts, and dies with its judge. Every request is
+answered with the rules of :mod:`kb_nano.kernels.checks` and :mod:`kb_nano.kernels.guard`
+applied to what it ran.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+
+import torch
+import torch.multiprocessing  # noqa: F401  (registers the CUDA IPC reductions used by shm)
+
+from kb_nano.kernels import checks, timing
+from kb_nano.kernels.inputs import randomize_constant_parameters
+
+WAIT_AFTER_RETURN_S = 0.02  # CPU: how long the output-stability and thread checks watch after a call
+HOLD_BYTES = {"cpu": 1 << 30, "cuda": 2 << 30}  # outputs held for the aliasing check (per worker)
+
+
+class Side:
+    """The state of one worker: its module for the current scenario, the judge's slots,
+    and the outputs it holds for the aliasing check."""
+
+    def __init__(self, spec: dict) -> None:
+        from kb_nano import operators
+
+        self.role = spec["role"]
+        self.device = torch.device(spec["device"])
+        self.op = None
+        self.operators = operators
+        self.cls = None
+        self.module = None
+        self.guard = None
+        self.inputs: list[list[torch.Tensor]] = []
+        self.outputs: list[list[torch.Tensor]] = []
+        self.held: collections.deque = collections.deque()
+        self.held_bytes = 0
+        self.flush = None
+        self.graph = None
+        self.mismatch = None
+        self.pending = None
+        self.batch_outs: list[torch.Tensor] = []
+        self.scenario_inputs: list[dict] = []
+
+    # ------------------------------------------------------------------ scenario
+    def setup(self, msg: dict) -> dict:
+        """Build this side's module for ``msg["scenario"]``: the baseline from the
+        parameter seed; a candidate from its class, with the baseline's state_dict
+        (built here from the same seed, so no memory is shared with the baseline)."""
+        from kb_nano.candidates import DEFAULT_DEVICES, one_line
+        from kb_nano.operators.base import DTYPES
+
+        scenario = msg["scenario"]
+        self.teardown()
+        self.scenario_inputs = scenario["inputs"]
+        self.op = self.operators.get(scenario["target"])
+        init_args = dict(scenario["init_args"])
+        torch.manual_seed(msg["param_seed"])
+        baseline = self.op.baseline(**init_args)
+        randomize_constant_parameters(baseline, msg["param_seed"])
+        dtype = DTYPES[scenario["dtype"]]
+        if self.role == "baseline":
+            self.module = baseline.to(device=self.device, dtype=dtype).eval()
+            return {"ok": True}
+        supported = getattr(self.cls, "supported_devices", DEFAULT_DEVICES)
+        if not isinstance(supported, (tuple, list)) or not all(isinstance(d, str) for d in supported):
+            return {"violation": ["import_error", f"{self.cls.__name__}.supported_devices must be a tuple of "
+                                  f"device types like ('cuda',), got {supported!r}"]}
+        if self.device.type not in tuple(supported):
+            return {"violation": ["skipped", f"{self.cls.__name__} supports {', '.join(supported)}; "
+                                  f"this run is on {self.device.type}"]}
+        try:
+            module = self.cls(**init_args)
+        except Exception as exc:
+            return {"violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {one_line(exc)}"]}
+        try:
+            module.load_state_dict(baseline.state_dict(), strict=True)
+        except Exception as exc:
+            return {"violation": ["import_error", f"state_dict does not match the baseline's: {one_line(exc)}"]}
+        del baseline
+        self.module = module.to(device=self.device, dtype=dtype).eval()
+        return {"ok": True, "violation": self.check_guard("while building the module")}
+
+    def teardown(self) -> None:
+        """Forget the scenario (module, slots, held outputs, graph)."""
+        self.module = self.graph = self.mismatch = self.pending = None
+        self.inputs, self.outputs = [], []
+        self.held.clear()
+        self.held_bytes = 0
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def check_guard(self, when: str):
+        return self.guard.check(when) if self.guard is not None else None
+
+    # ------------------------------------------------------------------ calls
+    def call(self, k: int):
+        return self.module(*self.inputs[k])
+
+    def keep(self, k: int, out) -> None:
+        """Untimed, after call ``k``: copy its outputs into the judge's output slot ``k``
+        and hold the output objects; an invalid output or one the slot does not fit is
+        remembered in ``mismatch`` (reported at the end of the batch)."""
+        outs = checks.flatten_outputs(out)
+        bad = checks.invalid_outputs(out, self.device)
+        dest = self.outputs[k] if self.outputs else None
+        if bad is None and dest is not None and not _matches(outs, dest):
+            bad = ("incorrect_shape", f"a timed call returned {spec_of(out)}")
+        if bad is not None:
+            self.mismatch = self.mismatch or bad
+            return
+        if dest is not None:
+            for o, d in zip(outs, dest):
+                if d is not None:
+                    d.copy_(o)
+        mutable = [t for name, t in zip(self._names(), self.inputs[k]) if name in self.op.mutable_inputs]
+        for o in outs:
+            if isinstance(o, torch.Tensor) and not any(checks._overlap(o, m) for m in mutable):
+                self.batch_outs.append(o)
+                self.held.append(o)
+                self.held_bytes += o.numel() * o.element_size()
+        budget = HOLD_BYTES.get(self.device.type, 1 << 30)
+        while self.held_bytes > budget and len(self.held) > 1:
+            old = self.held.popleft()
+            self.held_bytes -= old.numel() * old.element_size()
+
+    def _names(self) -> list[str]:
+        return [s["name"] for s in self.scenario_inputs]
+
+    def checked_call(self, k: int, when: str) -> dict:
+        """One correctness trial on slot ``k`` with every rule; returns the reply."""
+        from kb_nano.candidates import one_line
+
+        names = self._names()
+        before = {n: b.clone() for n, b in zip(names, self.inputs[k])}
+        threads = checks.thread_idents()
+        try:
+            out = self.call(k)
+        except Exception as exc:
+            return {"violation": ["runtime_error", f"{when}: {one_line(exc)}"]}
+        watch = checks.ThreadWatch(threads)
+        invalid = checks.invalid_outputs(out, self.device)
+        snap = None if invalid else checks.snapshot(out)
+        held = list(self.held)
+        inputs = dict(zip(names, self.inputs[k]))
+        allowed = tuple(self.op.mutable_inputs)
+        for rule in (
+            lambda: invalid,
+            lambda: self.check_guard(f"{when}, during the call"),
+            lambda: checks.changed_after_return(out, snap, self.device, WAIT_AFTER_RETURN_S),
+            watch.check,
+            lambda: checks.aliased_outputs(out, inputs, allowed, held),
+            lambda: checks.mutated_inputs(before, inputs, allowed),
+        ):
+            found = rule()
+            if found:
+                return {"violation": [found[0], f"{when}: {found[1]}"], "spec": spec_of(out)}
+        self.keep(k, out)
+        return {"spec": spec_of(out)}
+
+    def batch(self, msg: dict) -> dict:
+        """Timed calls, one per slot in ``msg["slots"]``; ``mode``: ``warmup`` (untimed,
+        outputs not kept), ``time`` (the main pass), ``wall`` (CUDA device-wide pass) or
+        ``graph`` (the slots' calls captured in one CUDA graph, replayed once)."""
+        from kb_nano.candidates import one_line
+
+        slots = range(msg["start"], msg["stop"])
+        mode = msg["mode"]
+        threads = checks.thread_idents()
+        older = list(self.held)
+        self.mismatch = None
+        self.batch_outs = []
+        reply: dict = {}
+        try:
+            with torch.inference_mode():
+                if mode == "warmup":
+                    reply["times_ms"] = timing.time_calls(self.call, slots, self.device, self.flush, _drop)
+                elif mode == "time":
+                    reply["times_ms"] = timing.time_calls(self.call, slots, self.device, self.flush, self.keep)
+                elif mode == "wall":
+                    reply["times_ms"], reply["event_ms"] = timing.time_calls_wall(self.call, slots, self.device,
+                                                                                  self.flush, self.keep)
+                elif mode == "graph":
+                    if self.graph is None:
+                        self.graph = timing.capture_graph(self.call, slots, self.device)
+                    ms = timing.time_graph(self.graph[0], self.device, self.flush)
+                    reply["times_ms"] = [ms / len(slots)] * len(slots)
+                    for k, out in zip(slots, self.graph[1]):
+                        self.keep(k, out)
+                    timing._synchronize(self.device)
+        except Exception as exc:
+            if mode == "graph":
+                return {"graph_error": one_line(exc)}
+            return {"violation": ["runtime_error", f"during the timed calls: {one_line(exc)}"]}
+        if mode != "warmup":
+            # the rules run in a separate request (check_batch), outside the judge's clock
+            self.pending = (checks.ThreadWatch(threads), older)
+        return reply
+
+    def check_batch(self) -> dict:
+        """The rules over the last batch (threads it left running, its outputs, the guard)."""
+        if self.pending is None:
+            return {}
+        watch, older = self.pending
+        self.pending = None
+        found = self._batch_outputs(older) or watch.check() or self.check_guard("during the timed calls")
+        return {"violation": list(found)} if found else {}
+
+    def _batch_outputs(self, older: list):
+        """Rules over a batch's outputs at its end: plain tensors of the shapes the judge's
+        slots have, and no two outputs (this batch's, or an earlier one's still held)
+        sharing memory."""
+        if self.mismatch is not None:
+            return self.mismatch
+        if checks.first_overlap(self.batch_outs, older) is not None:
+            return "output_aliased", ("an output of a timed call shares memory with the output of an earlier call: "
+                                      "a reused buffer is overwritten by the next call")
+        return None
+
+
+def _drop(k: int, out) -> None:
+    """Warm-up calls keep nothing."""
+
+
+def _matches(outs: list, dest: list) -> bool:
+    """Whether a call's outputs have the shapes and dtypes of the judge's output slot."""
+    return len(outs) == len(dest) and all(
+        (o is None and d is None) or (isinstance(o, torch.Tensor) and d is not None
+                                      and tuple(o.shape) == tuple(d.shape) and o.dtype == d.dtype)
+        for o, d in zip(outs, dest))
+
+
+def spec_of(out) -> dict:
+    """JSON description of a call's outputs: ``{"kind", "outputs": [[shape, dtype] | type name]}``."""
+    kind = "Tensor" if isinstance(out, torch.Tensor) else type(out).__name__
+    items = []
+    for o in checks.flatten_outputs(out):
+        if isinstance(o, torch.Tensor):
+            items.append([list(o.shape), str(o.dtype).removeprefix("torch.")])
+        else:
+            items.append(type(o).__name__)
+    return {"kind": kind, "outputs": items}
