@@ -25,17 +25,20 @@ REPO_CONTROLS = ("rms_norm/torch_fused", "rms_norm/triton_rowwise", "fused_add_r
 
 
 def corpus() -> dict[str, dict]:
-    """``{candidate id: {"EXPECTED": status, "EXPECTED_ERROR": str|None, "cuda_only": bool}}``
-    read from the corpus files' module constants (without importing them)."""
+    """``{candidate id: {"EXPECTED": status, "EXPECTED_ERROR": str|None, "EXPECTED_MAX_SPEEDUP":
+    float|None, "FORGED_SPEEDUP": float|None, "cuda_only": bool}}`` read from the corpus
+    files' module constants (without importing them)."""
     out = {}
     for path in sorted(CORPUS.glob("*/*.py")):
         if path.name.startswith("_"):
             continue
         tree = ast.parse(path.read_text())
+        names = ("EXPECTED", "EXPECTED_ERROR", "EXPECTED_MAX_SPEEDUP", "FORGED_SPEEDUP")
         consts = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                  for t in n.targets if isinstance(t, ast.Name) and t.id in ("EXPECTED", "EXPECTED_ERROR")}
+                  for t in n.targets if isinstance(t, ast.Name) and t.id in names}
         cuda_only = "supported_devices = (\"cuda\",)" in path.read_text()
-        out[f"{path.parent.name}/{path.stem}"] = {"EXPECTED_ERROR": None, **consts, "cuda_only": cuda_only}
+        out[f"{path.parent.name}/{path.stem}"] = {"EXPECTED_ERROR": None, "EXPECTED_MAX_SPEEDUP": None,
+                                                  "FORGED_SPEEDUP": None, **consts, "cuda_only": cuda_only}
     return out
 
 
@@ -76,6 +79,11 @@ def mismatches(rows: dict[str, dict], device: str) -> list[str]:
             bad.append(f"{cid}: {row['status']} ({row['error']}), expected {status}")
         elif status == want["EXPECTED"] and want["EXPECTED_ERROR"] and want["EXPECTED_ERROR"] not in (row["error"] or ""):
             bad.append(f"{cid}: error {row['error']!r} lacks {want['EXPECTED_ERROR']!r}")
+        elif status == "passed" and want["EXPECTED_MAX_SPEEDUP"] and row["speedup_ci_low"] >= want["EXPECTED_MAX_SPEEDUP"]:
+            # a cheat that cannot reach the baseline any more must not gain a significant speedup
+            bad.append(f"{cid}: speedup {row['speedup']:.2f} (95% CI from {row['speedup_ci_low']:.2f}) is unearned")
+    forged = {w["FORGED_SPEEDUP"] for w in corpus().values() if w["FORGED_SPEEDUP"]}
+    bad += [f"{cid}: a forged row (speedup {r['speedup']})" for cid, r in rows.items() if r.get("speedup") in forged]
     for cid in REPO_CONTROLS:
         row = rows.get(cid)
         if row is None or row["status"] not in ("passed", "skipped"):

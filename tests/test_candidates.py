@@ -542,6 +542,33 @@ def test_merge_turns_an_unreadable_shard_into_a_crashed_row(tmp_path, scenarios)
     assert by["rms_norm/bad"]["status"] == "crashed" and "delete it and rerun" in by["rms_norm/bad"]["error"]
 
 
+def test_merge_marks_shards_changed_after_the_judge_wrote_them(tmp_path, scenarios):
+    from kb_nano.kernels.signing import key
+    from kb_nano.merge import merge
+    from kb_nano.schema import make_row, read_signed, scenario_fields, write_rows
+
+    secret = key(tmp_path)
+    assert (tmp_path / "results/.kb_nano/shard.key").stat().st_mode & 0o777 == 0o600 and key(tmp_path) == secret
+    scenario = scenarios["rms_norm__llama32-1b__tp1__n4"]
+    shards = {}
+    for name in ("kept", "edited", "unsigned"):
+        shards[name] = tmp_path / "results/kernels/rms_norm" / name / f"{scenario['scenario_id']}.parquet"
+        row = make_row(**scenario_fields(scenario), candidate=f"rms_norm/{name}", status="incorrect", error="x")
+        write_rows([row], shards[name], secret=None if name == "unsigned" else secret)
+    rows, sig = read_signed(shards["edited"])
+    rows[0].update(status="passed", error=None, speedup=50.0)  # forged after the judge wrote it, signature kept
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(rows, schema=pq.read_schema(shards["edited"]))
+    pq.write_table(table, shards["edited"])
+    by = {r["candidate"]: r for r in merge(list(shards.values()), [], tmp_path / "k.parquet", tmp_path / "k.json",
+                                           scenarios, secret=secret)}
+    assert by["rms_norm/kept"]["status"] == "incorrect"
+    assert by["rms_norm/edited"]["status"] == "tampered" and "signature does not match" in by["rms_norm/edited"]["error"]
+    assert by["rms_norm/unsigned"]["status"] == "tampered" and "no judge's signature" in by["rms_norm/unsigned"]["error"]
+
+
 def test_passed_row_records_interval_precision_and_roofline(tmp_path, scenarios, settings):
     path = rms_candidate(tmp_path, "good")
     scenario = scenarios["rms_norm__llama32-1b__tp1__n4"]

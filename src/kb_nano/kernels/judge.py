@@ -49,7 +49,7 @@ MIN_BATCHES = 5  # ABAB blocks per measurement at least
 SLOT_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # most memory the slots of one measurement take
 IDLE_CPU_S = 0.005  # CPU a candidate's process may use while the baseline is timed (+10% of that batch)
 HIDDEN_FRACTION = 0.1  # a candidate's batch may exceed its reported call times + the baseline's overhead by 10%
-HIDDEN_FLOOR_MS = {"cpu": 0.5, "cuda": 0.05}  # ... plus this jitter allowance per batch
+HIDDEN_FLOOR_MS = {"cpu": 0.5, "cuda": 0.1}  # ... plus this jitter allowance per batch
 
 
 class Verdict(Exception):
@@ -124,9 +124,24 @@ class Measurement:
 
     def prepare(self) -> None:
         """Build both modules and learn the output spec from the baseline (two slots)."""
-        msg = {"cmd": "setup", "scenario": self.scenario, "param_seed": param_seed(self.seed)}
-        _ask(self.cand, msg, self.deadline)
-        _ask(self.base, msg, self.deadline)
+        _ask(self.cand, {"cmd": "supports"}, self.deadline)
+        reply = _ask(self.base, {"cmd": "setup", "scenario": self.scenario, "param_seed": param_seed(self.seed)},
+                     self.deadline)
+        specs = [(shape, getattr(torch, dtype)) for _, shape, dtype in reply["params"]]
+        exported = SharedTensors(specs, self.device)  # the baseline's parameters, then a copy for the candidate
+        given = SharedTensors(specs, self.device)
+        try:
+            _ask(self.base, {"tag": "params", "pattern": [True] * len(specs)}, self.deadline, exported)
+            for a, b in zip(exported.tensors, given.tensors):
+                b.copy_(a)
+            self._sync()
+            exported.close()
+            _ask(self.cand, {"tag": "params", "pattern": [True] * len(specs)}, self.deadline, given)
+            _ask(self.cand, {"cmd": "setup", "scenario": self.scenario, "names": [n for n, _, _ in reply["params"]]},
+                 self.deadline)
+        finally:
+            exported.close()
+            given.close()
         gen = torch.Generator().manual_seed(self.seed)
         self.first, self.source = make_inputs(self.scenario, gen, str(self.device), self.golden, self.root, draw=0)
         self.out_spec = None
@@ -167,17 +182,21 @@ class Measurement:
         return [next(it) if present else None for present in pattern]
 
     def _fill(self, k: int, values=None) -> None:
-        """Slot ``k`` of both sides := ``values`` (or the judge's source slot ``k``)."""
+        """Slot ``k`` of both sides := ``values`` (or the judge's source slot ``k``);
+        on CUDA synchronized before any worker reads it (another process: no stream
+        order between the judge's copies and the worker's kernels)."""
         for i, src in enumerate(self.src):
             if values is not None:
                 src[k].copy_(values[i])
             for side in ("base", "cand"):
                 self.ins[side][i][k].copy_(src[k])
+        self._sync()
 
     def _fill_all(self, n: int) -> None:
         for i, src in enumerate(self.src):
             for side in ("base", "cand"):
                 self.ins[side][i][:n].copy_(src[:n])
+        self._sync()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -287,15 +306,22 @@ class Measurement:
         self._fill_all(n)
 
     def wall_pass(self) -> dict:
-        """CUDA device-wide pass: host clock + synchronize per call, both sides."""
-        out = {"base": ([], []), "cand": ([], [])}
-        for done in range(0, timing.WALL_CHECK_RUNS, self.k):
-            n = min(self.k, timing.WALL_CHECK_RUNS - done)
+        """CUDA device-wide pass: per call, the host clock around launch + device-wide
+        synchronize, and its events, both sides (:data:`kb_nano.kernels.timing.WALL_CHECK_RUNS`
+        calls each, in batches of at most 10); plus the judge's clock around each batch,
+        for the cross-check (:func:`hidden_ms`: on CUDA the event times of the main pass
+        leave host time out by design, the device-wide walls do not)."""
+        out = {"base": ([], []), "cand": ([], []), "judge_base": [], "judge_cand": [], "rep_base": [], "rep_cand": []}
+        n = min(self.k, 10)
+        for _ in range(-(-timing.WALL_CHECK_RUNS // n)):
             self._refill(self.refresh, n)
             for side, worker in (("base", self.base), ("cand", self.cand)):
-                reply, _ = self.batch(worker, 0, n, "wall")
-                out[side][0].extend(reply["times_ms"])
-                out[side][1].extend(reply["event_ms"])
+                reply, judge_ms = self.batch(worker, 0, n, "wall")
+                walls = [float(t) for t in reply["times_ms"]][:n]
+                out[side][0].extend(walls)
+                out[side][1].extend(float(t) for t in reply["event_ms"][:n])
+                out[f"judge_{side}"].append(judge_ms)
+                out[f"rep_{side}"].append(sum(walls))
             self._check_slots(slice(0, n), "in the device-wide pass")
         return out
 

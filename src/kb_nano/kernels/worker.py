@@ -55,28 +55,15 @@ class Side:
         self.mismatch = None
         self.pending = None
         self.batch_outs: list[torch.Tensor] = []
+        self.params: list[torch.Tensor] = []
         self.scenario_inputs: list[dict] = []
 
     # ------------------------------------------------------------------ scenario
-    def setup(self, msg: dict) -> dict:
-        """Build this side's module for ``msg["scenario"]``: the baseline from the
-        parameter seed; a candidate from its class, with the baseline's state_dict
-        (built here from the same seed, so no memory is shared with the baseline)."""
-        from kb_nano.candidates import DEFAULT_DEVICES, one_line
-        from kb_nano.operators.base import DTYPES
+    def supports(self) -> dict:
+        """A candidate's ``supported_devices`` against this worker's device: the
+        ``skipped`` / ``import_error`` violation, or nothing."""
+        from kb_nano.candidates import DEFAULT_DEVICES
 
-        scenario = msg["scenario"]
-        self.teardown()
-        self.scenario_inputs = scenario["inputs"]
-        self.op = self.operators.get(scenario["target"])
-        init_args = dict(scenario["init_args"])
-        torch.manual_seed(msg["param_seed"])
-        baseline = self.op.baseline(**init_args)
-        randomize_constant_parameters(baseline, msg["param_seed"])
-        dtype = DTYPES[scenario["dtype"]]
-        if self.role == "baseline":
-            self.module = baseline.to(device=self.device, dtype=dtype).eval()
-            return {"ok": True}
         supported = getattr(self.cls, "supported_devices", DEFAULT_DEVICES)
         if not isinstance(supported, (tuple, list)) or not all(isinstance(d, str) for d in supported):
             return {"violation": ["import_error", f"{self.cls.__name__}.supported_devices must be a tuple of "
@@ -84,17 +71,49 @@ class Side:
         if self.device.type not in tuple(supported):
             return {"violation": ["skipped", f"{self.cls.__name__} supports {', '.join(supported)}; "
                                   f"this run is on {self.device.type}"]}
+        return {}
+
+    def setup(self, msg: dict) -> dict:
+        """Build this side's module for ``msg["scenario"]``. The baseline: from the
+        parameter seed, constant parameters randomized; the reply lists its state_dict
+        (``params``: name, shape, dtype), which the judge then has it export into shared
+        tensors. A candidate: from its class, loading the state_dict the judge copied
+        from the baseline's export into the tensors it shared with this worker alone."""
+        from kb_nano.candidates import one_line
+        from kb_nano.operators.base import DTYPES
+
+        scenario = msg["scenario"]
+        self.teardown()
+        self.scenario_inputs = scenario["inputs"]
+        self.op = self.operators.get(scenario["target"])
+        init_args = dict(scenario["init_args"])
+        dtype = DTYPES[scenario["dtype"]]
+        if self.role == "baseline":
+            torch.manual_seed(msg["param_seed"])
+            baseline = self.op.baseline(**init_args)
+            randomize_constant_parameters(baseline, msg["param_seed"])
+            self.module = baseline.to(device=self.device, dtype=dtype).eval()
+            params = [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in self.module.state_dict().items()]
+            return {"ok": True, "params": params}
         try:
             module = self.cls(**init_args)
         except Exception as exc:
             return {"violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {one_line(exc)}"]}
         try:
-            module.load_state_dict(baseline.state_dict(), strict=True)
+            module.load_state_dict(dict(zip(msg["names"], self.params)), strict=True)
         except Exception as exc:
             return {"violation": ["import_error", f"state_dict does not match the baseline's: {one_line(exc)}"]}
-        del baseline
+        finally:
+            self.params = []
         self.module = module.to(device=self.device, dtype=dtype).eval()
         return {"ok": True, "violation": self.check_guard("while building the module")}
+
+    def export(self, tensors: list[torch.Tensor]) -> None:
+        """Baseline: copy its state_dict (in ``params`` order) into the judge's tensors."""
+        for t, v in zip(tensors, self.module.state_dict().values()):
+            t.copy_(v)
+        if self.device.type == "cuda":
+            timing._synchronize(self.device)
 
     def teardown(self) -> None:
         """Forget the scenario (module, slots, held outputs, graph)."""
@@ -113,7 +132,7 @@ class Side:
     def call(self, k: int):
         return self.module(*self.inputs[k])
 
-    def keep(self, k: int, out) -> None:
+    def keep(self, k: int, out, hold: bool = True) -> None:
         """Untimed, after call ``k``: copy its outputs into the judge's output slot ``k``
         and hold the output objects; an invalid output or one the slot does not fit is
         remembered in ``mismatch`` (reported at the end of the batch)."""
@@ -129,6 +148,8 @@ class Side:
             for o, d in zip(outs, dest):
                 if d is not None:
                     d.copy_(o)
+        if not hold:
+            return
         mutable = [t for name, t in zip(self._names(), self.inputs[k]) if name in self.op.mutable_inputs]
         for o in outs:
             if isinstance(o, torch.Tensor) and not any(checks._overlap(o, m) for m in mutable):
@@ -202,7 +223,7 @@ class Side:
                     ms = timing.time_graph(self.graph[0], self.device, self.flush)
                     reply["times_ms"] = [ms / len(slots)] * len(slots)
                     for k, out in zip(slots, self.graph[1]):
-                        self.keep(k, out)
+                        self.keep(k, out, hold=False)  # the graph's static outputs, the same every replay
                     timing._synchronize(self.device)
         except Exception as exc:
             if mode == "graph":

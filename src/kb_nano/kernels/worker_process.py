@@ -152,11 +152,15 @@ def main(conn, spec: dict) -> None:
     if candidate:
         from kb_nano.kernels import sandbox as landlock
 
-        sandbox = landlock.restrict(spec["writable"], spec["hidden"])
+        # its own /proc/<pid> stays writable: the CUDA driver writes there (cudaGetDeviceCount fails with
+        # error 304 otherwise; seen on the H200 host)
+        sandbox = landlock.restrict([*spec["writable"], f"/proc/{os.getpid()}"], spec["hidden"])
         _sort_sigint()  # before any other thread starts: they inherit the blocked SIGINT
     _die_with_owner(int(spec["owner_pid"]))
     _become_subreaper()
     device = torch.device(spec["device"])
+    if device.type == "cuda" and device.index is None:
+        device = spec["device"] = torch.device("cuda", 0)  # CUDA_VISIBLE_DEVICES names the leased GPU
     if candidate:
         limit_memory(spec.get("memory_limit_gb"), device)
     torch.set_num_threads(int(spec["num_threads"]))
@@ -220,11 +224,18 @@ def _handle(side: Side | None, conn, msg: dict) -> dict:
         return {"ok": True}
     if cmd == "shared":
         tensors = shm.receive(conn, msg)
-        if msg["tag"] == "inputs":
+        if msg["tag"] == "params":
+            if side.role == "baseline":
+                side.export(tensors)
+            else:
+                side.params = tensors
+        elif msg["tag"] == "inputs":
             side.inputs = _slots(tensors, msg["pattern"])
         else:
             side.outputs = _slots(tensors, msg["pattern"])
         return {"ok": True}
+    if cmd == "supports":
+        return side.supports()
     if cmd == "setup":
         return side.setup(msg)
     if cmd == "probe":
