@@ -8,11 +8,11 @@ candidate that learns its parameter seed still cannot compute the inputs).
 
 Distributions: each input spec names its distribution (``normal`` N(0, std^2) for
 activations and hidden states, ``randint`` for token ids and positions, ``uniform``,
-``exponential``; :func:`kb_nano.operators.base.make_tensor`). Correctness trials add the
-operator's edge cases (:data:`EDGE_CASES`, chosen per operator in
-``Operator.edge_cases``). Timed calls get new values in every slot before every batch;
-golden inputs (captured from a model) rotate and are scaled by a fresh factor in
-[0.75, 1.25) per slot, so no two calls see the same values.
+``exponential``; :func:`kb_nano.operators.base.make_tensor`). Correctness trials draw fresh
+values and add the operator's edge cases (:data:`EDGE_CASES`, chosen per operator in
+``Operator.edge_cases``). Timed calls get new values in every slot before every batch
+(:class:`Refresher`: random windows of a per-measurement pool, scaled; golden inputs
+rotate and are scaled), so no two calls see the same values.
 """
 
 from __future__ import annotations
@@ -101,34 +101,53 @@ class Refresher:
     """Writes fresh values into the judge's input slots before every batch.
 
     ``slots``: one ``[k, *shape]`` tensor per input spec (slot ``i`` is row ``i``).
-    Random inputs: drawn on the slots' device from a generator seeded with the
-    measurement seed. Golden inputs: up to 8 captured draws rotate, each slot scaled by a
-    fresh factor in [0.75, 1.25) (router logits keep their top-k, attention its
-    structure)."""
+    Random inputs: each spec gets a pool of at least twice a slot's elements drawn from
+    its distribution with a generator seeded from the measurement seed; every slot of
+    every batch is a window of that pool starting at a random element offset, and for
+    N(0, std^2) inputs also multiplied by a random factor in [0.75, 1.25). So no call
+    sees values another call saw, nothing can be predicted without the seed, and a
+    refill costs one pass over the slot instead of a random draw per element (which
+    costs several times the kernels it feeds). Golden inputs: up to 8 captured draws
+    rotate, each slot scaled by a fresh factor in [0.75, 1.25) (router logits keep their
+    top-k, attention its structure)."""
 
     def __init__(self, scenario: dict, slots: list[torch.Tensor], seed: int, golden: dict | None,
                  root: Path, first_draw: int) -> None:
         self.specs = scenario["inputs"]
         self.slots = slots
         device = slots[0].device if slots else torch.device("cpu")
-        self.gen = torch.Generator(device=device).manual_seed((seed ^ 0x5EED) + first_draw)
-        self.sets = None
+        self.rng = torch.Generator().manual_seed((seed ^ 0x5EED) + first_draw)  # offsets and factors (CPU)
+        self.sets = self.pools = None
         if golden:
             self.sets = [make_inputs(scenario, torch.Generator().manual_seed(seed + d), str(device), golden, root,
                                      draw=first_draw + d)[0] for d in range(8)]
-            self.scales = torch.Generator().manual_seed(seed ^ 0x5CA1E)
+        else:
+            gen = torch.Generator(device=device).manual_seed((seed ^ 0x9001) + first_draw)
+            self.pools = []
+            for t, spec in zip(slots, self.specs):
+                n = t[0].numel() if len(t) else 0
+                self.pools.append(refill_(torch.empty(max(2 * n, n + 4096), dtype=t.dtype, device=device), spec, gen))
         self.calls = 0
+
+    def _factor(self) -> float:
+        return 0.75 + 0.5 * float(torch.rand((), generator=self.rng))
 
     def __call__(self, n: int) -> None:
         """New values in slots ``0 .. n-1``."""
-        if self.sets is None:
-            for t, spec in zip(self.slots, self.specs):
-                refill_(t[:n], spec, self.gen)
-            return
         for k in range(n):
-            factor = 0.75 + 0.5 * float(torch.rand((), generator=self.scales))
-            for t, v in zip(self.slots, self.sets[self.calls % len(self.sets)]):
-                t[k].copy_(v)
-                if t.is_floating_point():
-                    t[k].mul_(factor)
+            if self.pools is not None:
+                for t, spec, pool in zip(self.slots, self.specs, self.pools):
+                    size = t[k].numel()
+                    off = int(torch.randint(0, pool.numel() - size + 1, (), generator=self.rng))
+                    window = pool[off:off + size].view(t[k].shape)
+                    if spec["init"]["dist"] == "normal":
+                        torch.mul(window, self._factor(), out=t[k])
+                    else:
+                        t[k].copy_(window)
+            else:
+                factor = self._factor()
+                for t, v in zip(self.slots, self.sets[self.calls % len(self.sets)]):
+                    t[k].copy_(v)
+                    if t.is_floating_point():
+                        t[k].mul_(factor)
             self.calls += 1

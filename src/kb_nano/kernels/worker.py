@@ -164,8 +164,9 @@ class Side:
     def _names(self) -> list[str]:
         return [s["name"] for s in self.scenario_inputs]
 
-    def checked_call(self, k: int, when: str) -> dict:
-        """One correctness trial on slot ``k`` with every rule; returns the reply."""
+    def checked_call(self, k: int, when: str, watch: bool = True) -> dict:
+        """One correctness trial on slot ``k`` with every rule (``watch``: also watch the
+        outputs for :data:`WAIT_AFTER_RETURN_S` after the return); returns the reply."""
         from kb_nano.candidates import one_line
 
         names = self._names()
@@ -184,7 +185,7 @@ class Side:
         for rule in (
             lambda: invalid,
             lambda: self.check_guard(f"{when}, during the call"),
-            lambda: checks.changed_after_return(out, snap, self.device, WAIT_AFTER_RETURN_S),
+            lambda: checks.changed_after_return(out, snap, self.device, WAIT_AFTER_RETURN_S if watch else 0.0),
             watch.check,
             lambda: checks.aliased_outputs(out, inputs, allowed, held),
             lambda: checks.mutated_inputs(before, inputs, allowed),

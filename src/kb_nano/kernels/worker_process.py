@@ -244,7 +244,7 @@ def _handle(side: Side | None, conn, msg: dict) -> dict:
         return {"spec": spec_of(out)}
     if cmd == "trial":
         with torch.inference_mode():
-            return side.checked_call(int(msg["slot"]), msg["when"])
+            return side.checked_call(int(msg["slot"]), msg["when"], bool(msg.get("watch", True)))
     if cmd == "batch":
         return side.batch(msg)
     if cmd == "check":
