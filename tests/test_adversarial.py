@@ -25,20 +25,22 @@ REPO_CONTROLS = ("rms_norm/torch_fused", "rms_norm/triton_rowwise", "fused_add_r
 
 
 def corpus() -> dict[str, dict]:
-    """``{candidate id: {"EXPECTED": status, "EXPECTED_ERROR": str|None, "EXPECTED_MAX_SPEEDUP":
-    float|None, "FORGED_SPEEDUP": float|None, "cuda_only": bool}}`` read from the corpus
-    files' module constants (without importing them)."""
+    """``{candidate id: {"EXPECTED": status, "EXPECTED_ERROR": str|None, "EXPECTED_LIKE": id|None,
+    "FORGED_SPEEDUP": float|None, "only": "cuda"|"cpu"|None}}`` read from the corpus files'
+    module constants (without importing them); ``only`` is the one device type a file
+    declares in ``supported_devices``, where it has one."""
     out = {}
     for path in sorted(CORPUS.glob("*/*.py")):
         if path.name.startswith("_"):
             continue
         tree = ast.parse(path.read_text())
-        names = ("EXPECTED", "EXPECTED_ERROR", "EXPECTED_MAX_SPEEDUP", "FORGED_SPEEDUP")
+        names = ("EXPECTED", "EXPECTED_ERROR", "EXPECTED_LIKE", "FORGED_SPEEDUP")
         consts = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                   for t in n.targets if isinstance(t, ast.Name) and t.id in names}
-        cuda_only = "supported_devices = (\"cuda\",)" in path.read_text()
-        out[f"{path.parent.name}/{path.stem}"] = {"EXPECTED_ERROR": None, "EXPECTED_MAX_SPEEDUP": None,
-                                                  "FORGED_SPEEDUP": None, **consts, "cuda_only": cuda_only}
+        text = path.read_text()
+        only = "cuda" if 'supported_devices = ("cuda",)' in text else "cpu" if 'supported_devices = ("cpu",)' in text else None
+        out[f"{path.parent.name}/{path.stem}"] = {"EXPECTED_ERROR": None, "EXPECTED_LIKE": None,
+                                                  "FORGED_SPEEDUP": None, **consts, "only": only}
     return out
 
 
@@ -72,16 +74,19 @@ def mismatches(rows: dict[str, dict], device: str) -> list[str]:
     bad = []
     for cid, want in corpus().items():
         row = rows.get(cid)
-        status = want["EXPECTED"] if device == "cuda" or not want["cuda_only"] else "skipped"
+        status = want["EXPECTED"] if want["only"] in (None, device) else "skipped"
         if row is None:
             bad.append(f"{cid}: no row")
         elif row["status"] != status:
             bad.append(f"{cid}: {row['status']} ({row['error']}), expected {status}")
         elif status == want["EXPECTED"] and want["EXPECTED_ERROR"] and want["EXPECTED_ERROR"] not in (row["error"] or ""):
             bad.append(f"{cid}: error {row['error']!r} lacks {want['EXPECTED_ERROR']!r}")
-        elif status == "passed" and want["EXPECTED_MAX_SPEEDUP"] and row["speedup_ci_low"] >= want["EXPECTED_MAX_SPEEDUP"]:
-            # a cheat that cannot reach the baseline any more must not gain a significant speedup
-            bad.append(f"{cid}: speedup {row['speedup']:.2f} (95% CI from {row['speedup_ci_low']:.2f}) is unearned")
+        elif status == "passed" and want["EXPECTED_LIKE"] and rows.get(want["EXPECTED_LIKE"], {}).get("speedup"):
+            # a cheat that cannot reach the baseline any more gains nothing over the same computation done honestly
+            like = rows[want["EXPECTED_LIKE"]]
+            if row["speedup_ci_low"] > 1.5 * like["speedup_ci_high"]:
+                bad.append(f"{cid}: speedup {row['speedup']:.2f} (95% CI from {row['speedup_ci_low']:.2f}) is unearned: "
+                           f"{want['EXPECTED_LIKE']}, the same computation, has {like['speedup']:.2f}")
     forged = {w["FORGED_SPEEDUP"] for w in corpus().values() if w["FORGED_SPEEDUP"]}
     bad += [f"{cid}: a forged row (speedup {r['speedup']})" for cid, r in rows.items() if r.get("speedup") in forged]
     for cid in REPO_CONTROLS:

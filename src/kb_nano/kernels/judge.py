@@ -48,6 +48,8 @@ MAX_BATCH_CALLS = 1000  # calls (slots) per batch at most
 MIN_BATCHES = 5  # ABAB blocks per measurement at least
 SLOT_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # most memory the slots of one measurement take
 IDLE_CPU_S = 0.005  # CPU a candidate's process may use while the baseline is timed (+10% of that batch)
+SETTLE_S = 10.0  # before timing, wait this long at most for the candidate's processes to go idle
+SETTLE_WINDOW_S = 0.1  # ... idle: less than IDLE_CPU_S of CPU in a window this long
 HIDDEN_FRACTION = 0.1  # a candidate's batch may exceed its reported call times + the baseline's overhead by 10%
 HIDDEN_FLOOR_MS = {"cpu": 0.5, "cuda": 0.1}  # ... plus this jitter allowance per batch
 
@@ -270,6 +272,7 @@ class Measurement:
         ``num_runs`` calls per side. Returns the per-call samples of both sides and the
         judge's clock around each batch. Raises :class:`Verdict`."""
         num_runs, num_warmup = int(self.settings["num_runs"]), int(self.settings["num_warmup"])
+        self.settle()
         refresh = self.refresher(first_draw)
         warm = []
         for done in range(0, max(num_warmup, 2), self.k):
@@ -301,6 +304,17 @@ class Measurement:
                 out[f"judge_{side}"].append(judge_ms)
                 out[f"rep_{side}"].append(sum(times))
         return out
+
+    def settle(self) -> None:
+        """Wait (at most :data:`SETTLE_S`) until the candidate's processes are idle: a
+        compiler's worker pool still starting up (``torch.compile``) is not work left
+        running; what still runs when the timing starts is (see :meth:`timed`)."""
+        end = time.monotonic() + SETTLE_S
+        while time.monotonic() < end:
+            cpu0 = self.cand.cpu_s()
+            time.sleep(SETTLE_WINDOW_S)
+            if self.cand.cpu_s() - cpu0 < IDLE_CPU_S:
+                return
 
     def _refill(self, refresh: Refresher, n: int) -> None:
         refresh(n)

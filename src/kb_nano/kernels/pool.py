@@ -136,6 +136,8 @@ class WorkerHandle:
         code = self.proc.exitcode
         if code == -signal.SIGINT:
             return WorkerGone(f"the {self.role} worker was interrupted (SIGINT from outside)", interrupted=True)
+        if code == worker_process.SELF_SIGINT_STATUS:
+            return WorkerGone(f"the {self.role} sent SIGINT to its own process")
         how = f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with status {code}"
         return WorkerGone(f"{self.role} worker {how} without a result" + _last_line(self.log_fd))
 

@@ -21,6 +21,7 @@ from kb_nano.kernels import shm
 from kb_nano.kernels.worker import Side, spec_of
 
 PRECISIONS = ("highest", "high", "medium")
+SELF_SIGINT_STATUS = 3  # exit status of a worker whose candidate sent SIGINT to its own process
 
 
 def _die_with_owner(owner_pid: int) -> None:
@@ -57,7 +58,7 @@ def _sort_sigint() -> None:
     """Tell a Ctrl-C from a candidate interrupting itself. SIGINT is blocked in every
     thread and taken by a watcher thread (``sigwaitinfo``), which reads who sent it:
     from this process (``si_pid``), it is the candidate's: the worker says so and exits
-    with status 1 (the judge writes a ``crashed`` row). From anywhere else (the
+    with :data:`SELF_SIGINT_STATUS` (the judge writes a ``crashed`` row saying so). From anywhere else (the
     terminal's Ctrl-C, ``kill -INT``), it dies of SIGINT, which the judge reads as an
     interruption (no row; the next run redoes the job)."""
     import threading
@@ -68,7 +69,7 @@ def _sort_sigint() -> None:
         info = signal.sigwaitinfo({signal.SIGINT})
         if info.si_pid == os.getpid():
             print("the candidate sent SIGINT to its own process", flush=True)
-            os._exit(1)
+            os._exit(SELF_SIGINT_STATUS)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         os.kill(os.getpid(), signal.SIGINT)  # default action: die of SIGINT
 

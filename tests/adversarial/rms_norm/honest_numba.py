@@ -25,6 +25,8 @@ def _rms_rows(x, eps, out):
 
 
 class HonestNumba(Base):
+    supported_devices = ("cpu",)  # host code: skipped on a GPU run
+
     def forward(self, x, residual=None):
         xf = x.float().contiguous().numpy()
         out = np.empty_like(xf)

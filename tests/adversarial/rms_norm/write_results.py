@@ -12,7 +12,7 @@ Why it has no effect: the candidate's worker runs under Landlock
 no key, no shard); only the judge writes shards, and it signs them with the key the
 candidate cannot read, so the merge would mark any shard written by someone else
 ``tampered``. The row is the judge's honest measurement: passed, no unearned speedup
-(``EXPECTED_MAX_SPEEDUP``), and no row claims ``FORGED_SPEEDUP``."""
+(``EXPECTED_LIKE``), and no row claims ``FORGED_SPEEDUP``."""
 
 import os
 from pathlib import Path
@@ -20,7 +20,7 @@ from pathlib import Path
 from _common import Base, rms_norm
 
 EXPECTED = "passed"
-EXPECTED_MAX_SPEEDUP = 1.5
+EXPECTED_LIKE = "rms_norm/honest_fused"  # the same computation, honestly: no faster than it
 FORGED_SPEEDUP = 1000.0
 
 TARGET = "rms_norm"
