@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from kb_nano.operators.base import make_tensor, refill_
+from kb_nano.operators.base import DTYPES, make_tensor, refill_
 
 # name -> what it does to the N(0, std^2) inputs of a correctness trial
 EDGE_CASES = {
@@ -32,6 +32,11 @@ EDGE_CASES = {
     "large": "normally distributed inputs scaled by 100",
 }
 _SCALE = {"tiny": 1e-3, "large": 100.0}
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    """A generator on ``device`` seeded with ``seed`` (62-bit seeds are folded to 63 bits)."""
+    return torch.Generator(device=device).manual_seed(seed & 0x7FFFFFFFFFFFFFFF)
 
 
 def draw_seed() -> int:
@@ -69,7 +74,9 @@ def make_inputs(scenario: dict, generator: torch.Generator, device: str, golden:
     (:func:`kb_nano.golden.golden_inputs`; ``draw`` 0 or 1 picks another layer/prompt) and
     the rest are seeded random: source ``"golden"``. Without it, or when the capture does
     not cover the scenario (the reason is printed to the job log), all inputs are seeded
-    random from ``generator``: source ``"random"``.
+    random from ``generator``: source ``"random"``. Random values are drawn on
+    ``generator``'s device (a CUDA generator draws on the GPU: a CPU draw of a
+    16384-token input takes seconds).
     """
     provided: dict = {}
     if golden:
@@ -79,8 +86,18 @@ def make_inputs(scenario: dict, generator: torch.Generator, device: str, golden:
             provided = golden_inputs(scenario, golden, root, device, draw)
         except GoldenMismatch as exc:
             print(f"golden inputs not used for {scenario['scenario_id']}: {exc}; using seeded random inputs")
-    tensors = [provided[s["name"]] if s["name"] in provided else make_tensor(s, generator, device) for s in scenario["inputs"]]
+    tensors = [provided[s["name"]] if s["name"] in provided else draw_tensor(s, generator, device) for s in scenario["inputs"]]
     return tensors, "golden" if provided else "random"
+
+
+def draw_tensor(spec: dict, generator: torch.Generator, device: str) -> torch.Tensor:
+    """A tensor of ``spec`` drawn with ``generator`` on its own device (then moved to
+    ``device``); a CPU generator gives the same values as
+    :func:`kb_nano.operators.base.make_tensor`."""
+    if generator.device.type == "cpu":
+        return make_tensor(spec, generator, device)
+    t = torch.empty(spec["shape"], dtype=DTYPES[spec["dtype"]], device=generator.device)
+    return refill_(t, spec, generator).to(device)
 
 
 def apply_edge_case(tensors: list[torch.Tensor], specs: list[dict], case: str) -> None:
@@ -119,7 +136,7 @@ class Refresher:
         self.rng = torch.Generator().manual_seed((seed ^ 0x5EED) + first_draw)  # offsets and factors (CPU)
         self.sets = self.pools = None
         if golden:
-            self.sets = [make_inputs(scenario, torch.Generator().manual_seed(seed + d), str(device), golden, root,
+            self.sets = [make_inputs(scenario, generator(device, seed + d), str(device), golden, root,
                                      draw=first_draw + d)[0] for d in range(8)]
         else:
             gen = torch.Generator(device=device).manual_seed((seed ^ 0x9001) + first_draw)

@@ -10,7 +10,6 @@ baseline or of the judge itself propagates.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 
 from kb_nano import roofline
 from kb_nano.kernels import timing
-from kb_nano.kernels.inputs import draw_seed, make_inputs
+from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
 from kb_nano.kernels.judge import (HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement, Verdict, device_name,
                                    hidden_ms, resolve_device, row_fields)
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
@@ -139,7 +138,7 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
             extra["graph_speedup"] = extra["baseline_graph_ms"] / extra["candidate_graph_ms"]
     # once more on new values in the slots the timed calls used
     k = num_trials % 2
-    gen = torch.Generator().manual_seed(m.seed ^ 0xA11)
+    gen = generator(device, m.seed ^ 0xA11)
     values, _ = make_inputs(m.scenario, gen, str(device), m.golden, root, draw=num_trials)
     m.trial(k, values, "after the timed calls")
     lo, hi = timing.speedup_ci(s["base"], s["cand"], m.seed & 0x7FFFFFFF)

@@ -109,7 +109,8 @@ class Side:
         return {"ok": True, "violation": self.check_guard("while building the module")}
 
     def export(self, tensors: list[torch.Tensor]) -> None:
-        """Baseline: copy its state_dict (in ``params`` order) into the judge's tensors."""
+        """Baseline: copy its state_dict (in ``params`` order) into the judge's tensors
+        (which it does not keep: the judge gives them to the candidate next)."""
         for t, v in zip(tensors, self.module.state_dict().values()):
             t.copy_(v)
         if self.device.type == "cuda":
@@ -121,7 +122,8 @@ class Side:
         self.inputs, self.outputs = [], []
         self.held.clear()
         self.held_bytes = 0
-        gc.collect()  # the caching allocator keeps the freed blocks for the next scenario
+        if self.role == "candidate":
+            gc.collect()  # a candidate's reference cycles; the caching allocator keeps the freed blocks
 
     def check_guard(self, when: str):
         return self.guard.check(when) if self.guard is not None else None
