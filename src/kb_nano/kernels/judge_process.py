@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kb_nano.kernels import signing
 from kb_nano.kernels.measure import Interrupted, measure
-from kb_nano.kernels.pool import Pool
+from kb_nano.kernels.pool import Pool, prewarm
 from kb_nano.kernels.worker_process import _die_with_owner
 from kb_nano.schema import write_rows
 
@@ -37,6 +37,7 @@ def serve(conn, spec: dict) -> None:
     os.environ.update(spec.get("env") or {})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     _die_with_owner(int(spec["owner_pid"]))
+    prewarm()
     pools: dict[tuple, Pool] = {}
     try:
         while True:

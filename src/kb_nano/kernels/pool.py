@@ -42,17 +42,28 @@ class WorkerTimeout(Exception):
 
 
 def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by process ``pid`` and every process below it."""
+    """CPU seconds used so far by process ``pid`` and every process below it, every
+    thread summed, from ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds; the
+    ``cpu_times`` of ``/proc/<pid>/stat`` count 10 ms clock ticks, too coarse to tell an
+    idle process from a busy one over a few milliseconds)."""
     import psutil
 
-    total = 0.0
+    pids = [pid]
     with contextlib.suppress(psutil.Error):
-        root = psutil.Process(pid)
-        for proc in [root, *root.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                t = proc.cpu_times()
-                total += t.user + t.system
-    return total
+        pids += [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    total = 0
+    for p in pids:
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total / 1e9
 
 
 def kill_tree(pid: int) -> None:
@@ -176,20 +187,42 @@ def _fixed(settings: dict) -> tuple:
             settings.get("memory_limit_gb"))
 
 
+_CONTEXT = None
+
+
+def worker_context():
+    """The ``forkserver`` context workers start from (its server imports torch and the
+    worker modules once); one per judge process. :func:`prewarm` starts the server early."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        import sys
+
+        ctx = multiprocessing.get_context("forkserver")
+        preload = ["kb_nano.kernels.worker_process"]
+        if "snakemake.cli" in sys.modules:  # see kb_nano.kernels.job.judge_context
+            preload.insert(0, "snakemake.cli")
+        ctx.set_forkserver_preload(preload)
+        _CONTEXT = ctx
+    return _CONTEXT
+
+
+def prewarm() -> None:
+    """Start the worker fork server in the background (it imports torch: seconds), while
+    the judge waits for its first request."""
+    import threading
+    from multiprocessing import forkserver
+
+    worker_context()
+    threading.Thread(target=forkserver.ensure_running, name="kb_nano-forkserver", daemon=True).start()
+
+
 class Pool:
     """The workers of one judge (one device): ``device`` as the judge names it
     (``cpu``, ``cuda:0``); ``env`` is set in every worker first; ``root`` is the
     workflow directory (its ``results/`` is hidden from candidates)."""
 
     def __init__(self, device: str, env: dict, root: Path) -> None:
-        ctx = multiprocessing.get_context("forkserver")
-        import sys
-
-        preload = ["kb_nano.kernels.worker_process"]
-        if "snakemake.cli" in sys.modules:  # see kb_nano.kernels.job.judge_context
-            preload.insert(0, "snakemake.cli")
-        ctx.set_forkserver_preload(preload)
-        self.ctx = ctx
+        self.ctx = worker_context()
         self.device = device
         self.env = dict(env)
         self.root = Path(root)
