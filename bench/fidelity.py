@@ -7,9 +7,9 @@ bandwidth vs the device's measured copy bandwidth (issue 7, bench/FIDELITY.md).
 For every scenario (from kb-nano's own manifest) and for the baseline and one candidate
 of the operator, on the same module and the same input shapes:
 
-- kb-nano: :func:`kb_nano.timing.time_pair` exactly as a kernel job calls it (fresh input
-  values before every call, L2 flushed with 2 x the device's L2, CUDA events, median of
-  ``--num-runs`` calls);
+- kb-nano: the Tier-1 engine exactly as a kernel job runs it (:func:`kb_nano.kernels.measure.measure`:
+  judge and worker processes, fresh input values before every batch, L2 flushed before
+  every call, CUDA events; the row's ``baseline_ms`` / ``candidate_ms`` medians);
 - Triton: ``triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")``
   (its own 256 MB L2 flush, fixed inputs).
 
@@ -39,13 +39,13 @@ TOLERANCE = 0.03
 def modules(scenario: dict, device: torch.device):
     """Baseline and candidate modules of a scenario, same weights, on ``device``."""
     from kb_nano import operators
-    from kb_nano.bench import randomize_constant_parameters, scenario_seed
     from kb_nano.candidates import load_class
+    from kb_nano.kernels.inputs import randomize_constant_parameters
     from kb_nano.operators.base import DTYPES
 
     op = operators.get(scenario["target"])
     dtype = DTYPES[scenario["dtype"]]
-    torch.manual_seed(scenario_seed(scenario["scenario_id"]))
+    torch.manual_seed(0)
     base = op.baseline(**scenario["init_args"])
     randomize_constant_parameters(base, 0)
     out = {"baseline": base.to(device=device, dtype=dtype).eval()}
@@ -58,31 +58,38 @@ def modules(scenario: dict, device: torch.device):
     return out
 
 
-def measure(scenario: dict, module, device: torch.device, num_runs: int, repeats: int) -> dict:
-    """kb-nano and do_bench medians (ms) of one module on one scenario."""
+def do_bench_ms(scenario: dict, module, device: torch.device, repeats: int) -> float:
+    """Median over ``repeats`` of ``triton.testing.do_bench`` (median mode) of one module."""
     import triton.testing
 
-    from kb_nano.operators.base import make_tensor, refill_
-    from kb_nano.timing import time_pair
+    from kb_nano.operators.base import make_tensor
 
     gen = torch.Generator().manual_seed(0)
-    slots = [[make_tensor(s, gen, str(device)) for s in scenario["inputs"]] for _ in range(2)]
-    dgen = torch.Generator(device=device).manual_seed(0)
-
-    def refresh(i):
-        for t, s in zip(slots[i % 2], scenario["inputs"]):
-            refill_(t, s, dgen)
-
-    def call(i):
-        return module(*slots[i % 2])
-
-    kb, tb = [], []
+    inputs = [make_tensor(s, gen, str(device)) for s in scenario["inputs"]]
     with torch.inference_mode():
+        return statistics.median(triton.testing.do_bench(lambda: module(*inputs), warmup=25, rep=100,
+                                                         return_mode="median") for _ in range(repeats))
+
+
+def kb_nano_ms(scenario: dict, candidate: str, pool, num_runs: int, repeats: int) -> tuple[float, float]:
+    """Median over ``repeats`` kb-nano measurements of (baseline_ms, candidate_ms)."""
+    import tempfile
+
+    from kb_nano.kernels.measure import measure
+
+    settings = {"device": "cuda", "atol": None, "rtol": None, "num_warmup": 10, "num_runs": num_runs,
+                "num_trials": 3, "num_threads": 1, "timeout_s": 600, "seed": None, "golden": None,
+                "cuda_graph": False, "float32_matmul_precision": "highest", "memory_limit_gb": None, "roofline": None}
+    base, cand = [], []
+    path = REPO / "candidates" / f"{candidate}.py"
+    with tempfile.TemporaryFile() as log:
         for _ in range(repeats):
-            t = time_pair(call, call, refresh, device, 10, num_runs)
-            kb.append(statistics.median(t.baseline_ms + t.candidate_ms))
-            tb.append(triton.testing.do_bench(lambda: call(0), warmup=25, rep=100, return_mode="median"))
-    return {"kb_nano_ms": statistics.median(kb), "do_bench_ms": statistics.median(tb)}
+            row = measure(scenario, candidate, path, settings, pool.root, pool, log.fileno())
+            if row["status"] != "passed":
+                raise RuntimeError(f"{scenario['scenario_id']} {candidate}: {row['status']} ({row['error']})")
+            base.append(row["baseline_ms"])
+            cand.append(row["candidate_ms"])
+    return statistics.median(base), statistics.median(cand)
 
 
 def main() -> int:
@@ -105,16 +112,29 @@ def main() -> int:
     manifest = generate([a.model], [1], a.num_tokens, "auto", REPO, context_lens=a.context_lens)
     scenarios = [s for s in manifest["scenarios"] if s.get("applicable", True) and s["target"] in a.targets
                  and not (s.get("context_len") and s["num_tokens"] > a.max_decode_tokens)]
+    import tempfile
+
+    from kb_nano.kernels.pool import Pool
+
     peak = measure_peaks(device, torch.bfloat16)
     rows = []
-    for s in scenarios:
-        for who, module in modules(s, device).items():
-            r = measure(s, module, device, a.num_runs, a.repeats)
-            r.update(scenario=s["scenario_id"], who=who, bytes_moved=s.get("bytes_moved"))
-            r["ratio"] = r["kb_nano_ms"] / r["do_bench_ms"]
-            r["gbps"] = s["bytes_moved"] / r["kb_nano_ms"] / 1e6 if s.get("bytes_moved") else None
-            rows.append(r)
-            print(json.dumps(r), file=sys.stderr, flush=True)
+    pool = Pool("cuda", {"OMP_WAIT_POLICY": "PASSIVE"}, Path(tempfile.mkdtemp(prefix="kb_nano_fidelity-")))
+    try:
+        for s in scenarios:
+            mods = modules(s, device)
+            cand = next((w for w in mods if w != "baseline"), None)
+            if cand is None:
+                continue
+            kb = dict(zip(("baseline", cand), kb_nano_ms(s, cand, pool, a.num_runs, a.repeats)))
+            for who, module in mods.items():
+                r = {"kb_nano_ms": kb[who], "do_bench_ms": do_bench_ms(s, module, device, a.repeats)}
+                r.update(scenario=s["scenario_id"], who=who, bytes_moved=s.get("bytes_moved"))
+                r["ratio"] = r["kb_nano_ms"] / r["do_bench_ms"]
+                r["gbps"] = s["bytes_moved"] / r["kb_nano_ms"] / 1e6 if s.get("bytes_moved") else None
+                rows.append(r)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+    finally:
+        pool.close()
     print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
           f"{datetime.now(timezone.utc).isoformat(timespec='minutes')}; measured copy bandwidth "
           f"{peak['copy_gbps']:.0f} GB/s (read + write), bf16 matmul {peak['matmul_tflops']:.0f} TFLOP/s\n")
