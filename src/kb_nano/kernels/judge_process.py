@@ -62,7 +62,7 @@ def serve(conn, spec: dict) -> None:
 
 def _one(req: dict, pools: dict, gpu_ids: str | None) -> str:
     """Measure one request and write its signed shard; returns the status."""
-    from kb_nano.kernels.judge import resolve_device
+    from kb_nano.kernels.fields import resolve_device
 
     root = Path(req["root"])
     settings = req["settings"]

@@ -19,8 +19,8 @@ import torch
 from kb_nano import roofline
 from kb_nano.kernels import timing
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
-from kb_nano.kernels.judge import (HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement, Verdict, device_name,
-                                   hidden_ms, resolve_device, row_fields)
+from kb_nano.kernels.fields import device_name, resolve_device, row_fields
+from kb_nano.kernels.judge import HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement, Verdict, hidden_ms
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
 from kb_nano.operators.base import DTYPES
 from kb_nano.schema import make_row
