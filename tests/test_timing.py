@@ -78,7 +78,7 @@ def test_judge_clock_cross_check_ignores_jitter_and_sees_hidden_work():
 
 def test_batch_size_follows_the_call_time_and_memory():
     cpu = torch.device("cpu")
-    assert batch_calls(1.0, 1000, cpu) == 10  # 10 ms batches
+    assert batch_calls(1.0, 1000, cpu) == 5  # 5 ms batches
     assert batch_calls(0.001, 1000, cpu) == 1000  # capped
     assert batch_calls(50.0, 1000, cpu) == 2  # at least two slots
     assert batch_calls(0.01, 1 << 30, cpu) == 2  # what the memory budget holds
