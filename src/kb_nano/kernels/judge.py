@@ -256,8 +256,13 @@ class Measurement:
             refresh = self.refresher(first_draw + 8)
         self.refresh = refresh
         out = {"base": [], "cand": [], "judge_base": [], "judge_cand": [], "rep_base": [], "rep_cand": []}
-        for _ in range(max(MIN_BATCHES, -(-num_runs // self.k))):
-            self._refill(refresh, self.k)
+        self.more(out, max(MIN_BATCHES, -(-num_runs // self.k)))
+        return out
+
+    def more(self, out: dict, batches: int) -> None:
+        """``batches`` more ABAB batches of the current size, appended to ``out``."""
+        for _ in range(batches):
+            self._refill(self.refresh, self.k)
             cpu0 = self.cand.cpu_s()
             rb, tb = self.batch(self.base, 0, self.k, "time")
             idle = self.cand.cpu_s() - cpu0
@@ -273,7 +278,6 @@ class Measurement:
                 out[side] += times
                 out[f"judge_{side}"].append(judge_ms)
                 out[f"rep_{side}"].append(sum(times))
-        return out
 
     def settle(self) -> None:
         """Wait (at most :data:`SETTLE_S`) until the candidate's processes are idle: a

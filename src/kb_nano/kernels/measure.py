@@ -20,12 +20,14 @@ from kb_nano import roofline
 from kb_nano.kernels import timing
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
 from kb_nano.kernels.fields import device_name, resolve_device, row_fields
-from kb_nano.kernels.judge import HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement, Verdict, hidden_ms
+from kb_nano.kernels.judge import (HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, MIN_BATCHES, Measurement, Verdict,
+                                   hidden_ms)
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
 from kb_nano.operators.base import DTYPES
 from kb_nano.schema import make_row
 
 GRAPH_REPLAYS = 10  # CUDA-graph replays per side (each: one call per slot)
+CROSS_CHECK_RETRIES = 2  # rounds of more batches when the clock cross-check fails (jitter passes, hidden work stays)
 
 
 class Interrupted(Exception):
@@ -113,12 +115,27 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     s = m.timed(num_trials + 1)
     b_med, b_iqr = timing.summarize(s["base"])
     c_med, c_iqr = timing.summarize(s["cand"])
-    extra = {"baseline_ms": b_med, "candidate_ms": c_med}
+    extra = {}
     if device.type != "cuda":
+        for _ in range(CROSS_CHECK_RETRIES):  # host jitter passes with more batches; hidden work stays
+            if hidden_ms(s) <= _limit(s, device):
+                break
+            m.more(s, MIN_BATCHES)
         _cross_check(s, m.k, device, extra)
-    else:
+        b_med, b_iqr = timing.summarize(s["base"])
+        c_med, c_iqr = timing.summarize(s["cand"])
+    extra.update(baseline_ms=b_med, candidate_ms=c_med)
+    if device.type == "cuda":
         # CUDA: the main pass's events leave host time out by design; the device-wide pass's walls do not
         w = m.wall_pass()
+        for _ in range(CROSS_CHECK_RETRIES):
+            if hidden_ms(w) <= _limit(w, device):
+                break
+            more = m.wall_pass()
+            for key in ("judge_base", "judge_cand", "rep_base", "rep_cand"):
+                w[key] += more[key]
+            for side in ("base", "cand"):
+                w[side] = (w[side][0] + more[side][0], w[side][1] + more[side][1])
         _cross_check(w, min(m.k, 10), device, extra)
         hidden = timing.hidden_work_ms(*w["base"], *w["cand"])
         extra.update(baseline_wall_ms=timing.summarize(w["base"][0])[0],
@@ -159,13 +176,16 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     return extra
 
 
+def _limit(s: dict, device: torch.device) -> float:
+    return HIDDEN_FRACTION * statistics.median(s["rep_cand"]) + HIDDEN_FLOOR_MS.get(device.type, 0.3)
+
+
 def _cross_check(s: dict, calls: int, device: torch.device, extra: dict) -> None:
     """``unsynced_work`` when the judge's clock around the candidate's batches exceeds the
     times its worker reported by more than :data:`HIDDEN_FRACTION` of them plus
     :data:`HIDDEN_FLOOR_MS` (:func:`kb_nano.kernels.judge.hidden_ms`)."""
     hidden = hidden_ms(s)
-    limit = HIDDEN_FRACTION * statistics.median(s["rep_cand"]) + HIDDEN_FLOOR_MS.get(device.type, 0.3)
-    if hidden > limit:
+    if hidden > _limit(s, device):
         raise Verdict("unsynced_work", f"the judge's clock around the candidate's batches of {calls} calls exceeds the "
                       f"call times its worker reported by {hidden:.4g} ms per batch more than the baseline's: work "
                       "outside the timed calls (or a forged clock)", **extra)
