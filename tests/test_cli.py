@@ -107,7 +107,7 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
     assert "steps" in out.stderr  # Snakemake progress was visible
     doc = json.loads(out_json.read_text())
     assert {r["candidate"] for r in doc["rows"]} == {"rms_norm/torch_fused", "rms_norm/triton_rowwise"}
-    assert all(r["num_runs"] == 3 for r in doc["rows"] if r["status"] == "passed")
+    assert all(r["num_runs"] >= 3 for r in doc["rows"] if r["status"] == "passed")  # at least: small calls get more
 
 
 @pytest.mark.slow

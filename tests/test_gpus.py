@@ -127,7 +127,8 @@ def test_a_killed_holders_lease_is_free_at_once(tmp_path):
     assert time.monotonic() - t0 < 1.0
 
 
-SLEEPY = '''"""Test candidate: records which device it was given and when, holding it {hold} s."""
+SLEEPY = '''"""Test candidate: records which device it was given and when, holding it {hold} s
+(printed: a candidate's stdout goes to its job log, the only place it may write)."""
 
 import json
 import os
@@ -141,9 +142,8 @@ class Sleepy{i}(SiluAndMul):
         super().__init__(*args, **kwargs)
         start = time.time()
         time.sleep({hold})
-        line = json.dumps({{"id": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start, "end": time.time()}})
-        with open("lease_log.jsonl", "a") as fh:
-            fh.write(line + "\\n")
+        print("LEASE " + json.dumps({{"id": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start, "end": time.time()}}),
+              flush=True)
 '''
 
 
@@ -155,7 +155,8 @@ def _gpu_workflow(tmp_path: Path, count: int) -> Path:
 
 
 def _lease_log(work: Path) -> list[tuple[str, float, float]]:
-    lines = (work / "lease_log.jsonl").read_text().splitlines()
+    lines = [ln[len("LEASE "):] for log in sorted((work / "results/logs/kernels/silu_and_mul").glob("sleepy*/*.log"))
+             for ln in log.read_text().splitlines() if ln.startswith("LEASE ")]
     return [(r["id"], r["start"], r["end"]) for r in map(json.loads, lines)]
 
 

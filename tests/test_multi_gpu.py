@@ -12,6 +12,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
+
+from kb_nano.schema import SCHEMA_VERSION
 import pytest
 import yaml
 
@@ -83,7 +85,7 @@ def test_multi_gpu_run_and_report_on_a_fake_pool(tmp_path):
     assert (runs["planned_jobs"] == 8).all()
     parallel, serial = (pd.read_parquet(out / p) for p in runs["parquet"])
     for rows in (parallel, serial):
-        assert len(rows) == 8 and rows["gpu_ids"].notna().all() and (rows["schema_version"] == 3).all()
+        assert len(rows) == 8 and rows["gpu_ids"].notna().all() and (rows["schema_version"] == SCHEMA_VERSION).all()
         assert (pd.to_datetime(rows["ended_at"]) > pd.to_datetime(rows["started_at"])).all()
     assert set(serial["gpu_ids"]) == {"0"}  # one job at a time: always the first free id
     assert set(parallel["gpu_ids"]) <= {"0", "1", "2", "3"}

@@ -88,7 +88,12 @@ def load_class(path: Path, target: str):
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise CandidateError("import_error", f"{path}: import failed: {one_line(exc)}") from None
+        import traceback
+
+        traceback.print_exc()  # to the job log
+        hint = (" (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
+                "directory, see docs/measurement.md)") if isinstance(exc, PermissionError) else ""
+        raise CandidateError("import_error", f"{path}: import failed: {one_line(exc)}{hint}") from None
     classes = [
         obj
         for obj in vars(module).values()

@@ -89,7 +89,7 @@ def _overrides(args, root: Path, base: dict) -> dict:
         if getattr(args, flag, None):
             cfg[key] = getattr(args, flag)
     for flag in ("num_warmup", "num_runs", "num_trials", "atol", "rtol", "device", "output_json", "timeout_s", "dtype",
-                 "cuda_graph", "float32_matmul_precision", "memory_limit_gb"):
+                 "cuda_graph", "float32_matmul_precision", "memory_limit_gb", "seed"):
         value = getattr(args, flag, None)
         if value is not None:
             cfg[flag] = value
@@ -108,7 +108,7 @@ _FLAG_FOR_KEY = {
     "num_runs": "--num-runs", "atol": "--atol", "rtol": "--rtol", "device": "--device",
     "timeout_s": "--timeout-s", "output_json": "--output-json", "dtype": "--dtype",
     "num_trials": "--num-trials", "cuda_graph": "--cuda-graph", "float32_matmul_precision": "--float32-matmul-precision",
-    "memory_limit_gb": "--memory-limit-gb",
+    "memory_limit_gb": "--memory-limit-gb", "seed": "--seed",
 }
 
 
@@ -754,7 +754,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--category", nargs="+", action="extend", help="operator category(ies), e.g. norm")
     k.add_argument("--candidate", nargs="+", action="extend", help="candidate id(s) or prefixes, e.g. rms_norm/torch_fused")
     k.add_argument("--num-warmup", type=int, help="untimed calls per side (default 10)")
-    k.add_argument("--num-runs", type=int, help="timed calls per side (default 100)")
+    k.add_argument("--num-runs", type=int, help="timed calls per side, at least (default 100; small calls get more: "
+                   "at least 5 batches of about 5 ms on a CPU, 2 ms on a GPU; the row's num_runs says how many ran)")
     k.add_argument("--atol", type=float, help="absolute tolerance for every operator (default: each operator's own, "
                    "e.g. 0.01 for bf16 pointwise ops; README: Operators)")
     k.add_argument("--rtol", type=float, help="relative tolerance for every operator (default: each operator's own; "
@@ -762,6 +763,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--device", help="auto | cpu | cuda[:i] (default auto)")
     k.add_argument("--timeout-s", type=float, help="seconds per kernel job, i.e. per scenario (default 600)")
     k.add_argument("--num-trials", type=int, help="correctness trials on fresh inputs before timing (default 3, at least 2)")
+    k.add_argument("--seed", type=int, help="replay: use this measurement seed (a row's `seed`) instead of a fresh one "
+                   "from the OS; the same seed gives the same trial inputs and parameters")
     k.add_argument("--cuda-graph", action="store_true", default=None,
                    help="also time CUDA-graph replays of both sides (separate columns; CUDA only)")
     k.add_argument("--float32-matmul-precision", choices=["highest", "high", "medium"],

@@ -178,6 +178,8 @@ def settings(config: dict) -> dict:
         "float32_matmul_precision": str(config.get("float32_matmul_precision", "highest")),
         "memory_limit_gb": None if config.get("memory_limit_gb") is None else float(config["memory_limit_gb"]),
         "roofline": {k: v for k, v in (config.get("roofline") or {}).items() if v is not None},
+        # None = a fresh seed from the OS for every measurement; a number replays that row's seed
+        "seed": None if config.get("seed") is None else int(config["seed"]),
     }
 
 

@@ -91,6 +91,7 @@ class Measurement:
         self.golden = settings.get("golden")
         self.source = "random"
         self.worst = [0.0, 0.0]
+        self.compared = False  # whether any output was compared (rows of earlier failures carry no error)
         self.shared: list[SharedTensors] = []
 
     def close(self) -> None:
@@ -189,6 +190,7 @@ class Measurement:
         if status != "passed":
             raise Verdict(status, f"{when}: {error}", max_abs_err=max_abs, max_rel_err=max_rel)
         self.worst = [max(self.worst[0], max_abs or 0.0), max(self.worst[1], max_rel or 0.0)]
+        self.compared = True
 
     def trial(self, k: int, values, when: str, watch: bool = True) -> None:
         """One checked call of each side on ``values`` in slot ``k`` (``watch``: the

@@ -79,7 +79,6 @@ class Side:
         (``params``: name, shape, dtype), which the judge then has it export into shared
         tensors. A candidate: from its class, loading the state_dict the judge copied
         from the baseline's export into the tensors it shared with this worker alone."""
-        from kb_nano.candidates import one_line
         from kb_nano.operators.base import DTYPES
 
         scenario = msg["scenario"]
@@ -98,11 +97,11 @@ class Side:
         try:
             module = self.cls(**init_args)
         except Exception as exc:
-            return {"violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {one_line(exc)}"]}
+            return {"violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {explain(exc)}"]}
         try:
             module.load_state_dict(dict(zip(msg["names"], self.params)), strict=True)
         except Exception as exc:
-            return {"violation": ["import_error", f"state_dict does not match the baseline's: {one_line(exc)}"]}
+            return {"violation": ["import_error", f"state_dict does not match the baseline's: {explain(exc)}"]}
         finally:
             self.params = []
         self.module = module.to(device=self.device, dtype=dtype).eval()
@@ -167,7 +166,6 @@ class Side:
     def checked_call(self, k: int, when: str, watch: bool = True) -> dict:
         """One correctness trial on slot ``k`` with every rule (``watch``: also watch the
         outputs for :data:`WAIT_AFTER_RETURN_S` after the return); returns the reply."""
-        from kb_nano.candidates import one_line
 
         names = self._names()
         before = {n: b.clone() for n, b in zip(names, self.inputs[k])}
@@ -175,7 +173,7 @@ class Side:
         try:
             out = self.call(k)
         except Exception as exc:
-            return {"violation": ["runtime_error", f"{when}: {one_line(exc)}"]}
+            return {"violation": ["runtime_error", f"{when}: {explain(exc)}"]}
         watch = checks.ThreadWatch(threads)
         invalid = checks.invalid_outputs(out, self.device)
         snap = None if invalid else checks.snapshot(out)
@@ -200,7 +198,6 @@ class Side:
         """Timed calls, one per slot in ``msg["slots"]``; ``mode``: ``warmup`` (untimed,
         outputs not kept), ``time`` (the main pass), ``wall`` (CUDA device-wide pass) or
         ``graph`` (the slots' calls captured in one CUDA graph, replayed once)."""
-        from kb_nano.candidates import one_line
 
         slots = range(msg["start"], msg["stop"])
         mode = msg["mode"]
@@ -228,8 +225,8 @@ class Side:
                     timing._synchronize(self.device)
         except Exception as exc:
             if mode == "graph":
-                return {"graph_error": one_line(exc)}
-            return {"violation": ["runtime_error", f"during the timed calls: {one_line(exc)}"]}
+                return {"graph_error": explain(exc)}
+            return {"violation": ["runtime_error", f"during the timed calls: {explain(exc)}"]}
         if mode != "warmup":
             # the rules run in a separate request (check_batch), outside the judge's clock
             self.pending = (checks.ThreadWatch(threads), older)
@@ -254,6 +251,19 @@ class Side:
             return "output_aliased", ("an output of a timed call shares memory with the output of an earlier call: "
                                       "a reused buffer is overwritten by the next call")
         return None
+
+
+def explain(exc: BaseException) -> str:
+    """One line for a row, the traceback to the job log; a ``PermissionError`` says why
+    (the sandbox) and where a candidate may write."""
+    import traceback
+
+    from kb_nano.candidates import one_line
+
+    traceback.print_exception(exc)
+    hint = (" (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
+            "directory, see docs/measurement.md)") if isinstance(exc, PermissionError) else ""
+    return one_line(exc)[: 300 - len(hint)] + hint
 
 
 def _drop(k: int, out) -> None:
