@@ -612,3 +612,15 @@ def test_cuda_graph_on_a_cpu_says_why_there_is_no_graph(tmp_path, scenarios, set
                             {**settings, "cuda_graph": True}, tmp_path), "passed")
     assert row["graph_error"] == "CUDA graphs need a CUDA device; this run is on cpu"
     assert row["graph_speedup"] is None
+
+
+def test_shard_key_is_never_read_half_written(tmp_path):
+    """Many processes asking for the key at once all get the same, whole key."""
+    import multiprocessing
+
+    from kb_nano.kernels.signing import key
+
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        keys = pool.map(key, [tmp_path] * 16)
+    assert len(set(keys)) == 1 and len(keys[0]) == 32
+    assert [p.name for p in (tmp_path / "results/.kb_nano").iterdir()] == ["shard.key"]

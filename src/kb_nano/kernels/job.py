@@ -98,20 +98,24 @@ class Judge:
             self.proc.join(5)
 
 
-def _judge(key: str, gpu_ids: list[str]) -> Judge:
-    with _LOCK:
-        judge = _JUDGES.get(key)
-        first = not _JUDGES
-    if judge is None or not judge.proc.is_alive():
-        if first:
-            import atexit
+_CREATE_LOCK = threading.Lock()  # one judge per device, even when two job threads ask at once
 
-            # before multiprocessing's own exit handler, which would wait for the judges forever
-            atexit.register(close_judges)
-        judge = Judge(key, gpu_ids)
+
+def _judge(key: str, gpu_ids: list[str]) -> Judge:
+    with _CREATE_LOCK:
         with _LOCK:
-            _JUDGES[key] = judge
-    return judge
+            judge = _JUDGES.get(key)
+            first = not _JUDGES
+        if judge is None or not judge.proc.is_alive():
+            if first:
+                import atexit
+
+                # before multiprocessing's own exit handler, which would wait for the judges forever
+                atexit.register(close_judges)
+            judge = Judge(key, gpu_ids)
+            with _LOCK:
+                _JUDGES[key] = judge
+        return judge
 
 
 def close_judges() -> None:

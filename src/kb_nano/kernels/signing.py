@@ -40,14 +40,19 @@ def key(root: Path) -> bytes:
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = secrets.token_bytes(32)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another job made it first
-        return path.read_bytes()
+    # written whole to a private file, then linked into place: whoever links first wins,
+    # and nobody ever reads a half-written key
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return data
+        f.write(secrets.token_bytes(32))
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_bytes()
 
 
 def signature(rows: list[dict], secret: bytes) -> str:
