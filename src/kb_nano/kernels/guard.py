@@ -24,7 +24,7 @@ _MISSING = object()
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _VOLATILE = {"__dict__", "__weakref__", "__doc__", "__abstractmethods__", "__annotations__", "__parameters__"}
 HARNESS_MODULES = ("kb_nano.kernels.timing", "kb_nano.kernels.checks", "kb_nano.kernels.guard",
-                   "kb_nano.kernels.worker", "kb_nano.kernels.shm")
+                   "kb_nano.kernels.worker", "kb_nano.kernels.worker_process", "kb_nano.kernels.shm")
 
 
 def _global_state() -> dict[str, object]:

@@ -25,6 +25,8 @@ use while the baseline runs, and alone writes the (signed) shard. Steps:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -35,13 +37,13 @@ from kb_nano.kernels import timing
 from kb_nano.kernels.checks import same_bits
 from kb_nano.kernels.compare import compare, spec_mismatch, tolerance
 from kb_nano.kernels.inputs import Refresher, apply_edge_case, generator, make_inputs, param_seed
-from kb_nano.kernels.pool import Pool, WorkerHandle
+from kb_nano.kernels.pool import Pool, WorkerHandle, scheduling
 from kb_nano.kernels.shm import SharedTensors
 from kb_nano.operators.base import DTYPES
 
 TARGET_BATCH_MS = {"cpu": 5.0, "cuda": 2.0}  # a batch this long resolves the judge's clock cross-check
 MAX_BATCH_CALLS = 1000  # calls (slots) per batch at most
-MIN_BATCHES = 5  # ABAB blocks per measurement at least
+MIN_BATCHES = 10  # ABAB batch pairs per measurement at least (the interval is over them)
 SLOT_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # most memory the slots of one measurement take
 IDLE_CPU_S = 0.005  # CPU a candidate's process may use while the baseline is timed (+10% of that batch)
 SETTLE_S = 10.0  # before timing, wait this long at most for the candidate's processes to go idle
@@ -58,13 +60,21 @@ class Verdict(Exception):
         self.status, self.message, self.fields = status, message, fields
 
 
+# what a candidate's worker may report about its own candidate (anything else is forged)
+WORKER_VERDICTS = {"import_error", "skipped", "runtime_error", "incorrect_shape", "tampered", "invalid_output",
+                   "output_aliased", "input_mutated", "unsynced_work"}
+
+
 def _ask(worker: WorkerHandle, msg: dict, deadline: float, shared=None) -> dict:
     reply = worker.request(msg, deadline, shared)
     found = reply.get("violation")
     if found:
         if worker.role == "baseline":
-            raise RuntimeError(f"the baseline failed: {found[1]}")
-        raise Verdict(found[0], found[1])
+            raise RuntimeError(f"the baseline failed: {found}")
+        if not (isinstance(found, list) and len(found) == 2 and found[0] in WORKER_VERDICTS
+                and isinstance(found[1], str)):
+            raise Verdict("tampered", f"the candidate's worker sent a verdict no worker sends ({str(found)[:80]})")
+        raise Verdict(found[0], found[1][:1000])
     return reply
 
 
@@ -166,10 +176,15 @@ class Measurement:
         self._sync()
 
     def _fill_all(self, n: int) -> None:
-        for i, src in enumerate(self.src):
-            for side in ("base", "cand"):
-                self.ins[side][i][:n].copy_(src[:n])
+        for side in ("base", "cand"):
+            self._fill_side(side, n, sync=False)
         self._sync()
+
+    def _fill_side(self, side: str, n: int, sync: bool = True) -> None:
+        for i, src in enumerate(self.src):
+            self.ins[side][i][:n].copy_(src[:n])
+        if sync:
+            self._sync()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -244,6 +259,7 @@ class Measurement:
         ``num_runs`` calls per side. Returns the per-call samples of both sides and the
         judge's clock around each batch. Raises :class:`Verdict`."""
         num_runs, num_warmup = int(self.settings["num_runs"]), int(self.settings["num_warmup"])
+        self._check_baseline_scheduling()
         self.settle()
         refresh = self.refresher(first_draw)
         warm = []
@@ -261,16 +277,43 @@ class Measurement:
         self.more(out, max(MIN_BATCHES, -(-num_runs // self.k)))
         return out
 
+    def _check_baseline_scheduling(self) -> None:
+        """``tampered`` when the baseline worker's threads no longer have the CPU affinity,
+        scheduling policy and niceness they had (a candidate's process can change those of
+        another process of the same user: Landlock does not cover them); restored first."""
+        changed = []
+        # what the baseline inherits from the judge (its fork server started from it)
+        want = (frozenset(os.sched_getaffinity(0)), os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+        for tid in scheduling(self.base.pid):
+            try:
+                now = (frozenset(os.sched_getaffinity(tid)), os.sched_getscheduler(tid),
+                       os.getpriority(os.PRIO_PROCESS, tid))
+            except OSError:
+                continue
+            if now != want:
+                changed.append(tid)
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(tid, want[0])
+                    os.sched_setscheduler(tid, want[1], os.sched_param(0))
+                    os.setpriority(os.PRIO_PROCESS, tid, want[2])
+        if changed:
+            raise Verdict("tampered", "the baseline worker's CPU affinity or scheduling was changed during the "
+                          "measurement (restored): only the candidate's process could have done it")
+
+
     def more(self, out: dict, batches: int) -> None:
         """``batches`` more ABAB batches of the current size, appended to ``out``."""
         for _ in range(batches):
-            self._refill(self.refresh, self.k)
-            cpu0 = self.cand.cpu_s()
+            self._check_baseline_scheduling()
+            self.refresh(self.k)
+            self._fill_side("base", self.k)  # the candidate's copy only after the baseline's batch:
+            cpu0 = self.cand.cpu_s()        # nothing to work on while the baseline is timed
             rb, tb = self.batch(self.base, 0, self.k, "time")
             idle = self.cand.cpu_s() - cpu0
             if idle > IDLE_CPU_S + 0.1 * tb / 1e3:
                 raise Verdict("unsynced_work", f"the candidate's processes used {idle * 1e3:.1f} ms of CPU while the "
                               f"baseline's {tb:.1f} ms batch was timed: work left running outside its own calls")
+            self._fill_side("cand", self.k)
             rc, tc = self.batch(self.cand, 0, self.k, "time")
             self._check_slots(slice(0, self.k), "in the timed calls")
             for side, reply, judge_ms in (("base", rb, tb), ("cand", rc, tc)):

@@ -20,8 +20,8 @@ from kb_nano import roofline
 from kb_nano.kernels import timing
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
 from kb_nano.kernels.fields import device_name, resolve_device, row_fields
-from kb_nano.kernels.judge import (HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, MIN_BATCHES, Measurement, Verdict,
-                                   hidden_ms)
+from kb_nano.kernels.judge import (HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, MIN_BATCHES, WORKER_VERDICTS,
+                                   Measurement, Verdict, hidden_ms)
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
 from kb_nano.operators.base import DTYPES
 from kb_nano.schema import make_row
@@ -54,8 +54,11 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         cand = pool.get_candidate(Path(candidate_path), scenario["target"], settings, log_fd, deadline)
         fields["sandbox"] = cand.ready.get("sandbox")
         cand.send_log(log_fd, deadline)
-        if cand.ready.get("violation"):
-            raise Verdict(*cand.ready["violation"])
+        found = cand.ready.get("violation")
+        if found:
+            if not (isinstance(found, list) and len(found) == 2 and found[0] in WORKER_VERDICTS):
+                raise Verdict("tampered", f"the candidate's worker sent a verdict no worker sends ({str(found)[:80]})")
+            raise Verdict(found[0], str(found[1])[:1000])
         base = pool.get_baseline(settings, log_fd, deadline)
         base.send_log(log_fd, deadline)
         fields.update(num_threads=base.ready["num_threads"], allow_tf32=base.ready["allow_tf32"])
@@ -69,7 +72,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         status, error = "timeout", f"exceeded timeout_s={settings['timeout_s']}: {exc}; killed"
         pool.discard(base)  # which of the two hangs is not known: neither is kept
     except WorkerGone as exc:
-        if exc.interrupted:
+        if exc.interrupted and exc.role == "baseline":  # a Ctrl-C; the candidate's own death by SIGINT is its row
             raise Interrupted(str(exc)) from None
         status, error = "crashed", str(exc)
     finally:
@@ -114,8 +117,6 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     peak = roofline.peaks(device, device_name(device), DTYPES[m.scenario["dtype"]], root / "results/.device",
                           settings.get("roofline"), working_set=m.scenario.get("bytes_moved"))
     s = m.timed(num_trials + 1)
-    b_med, b_iqr = timing.summarize(s["base"])
-    c_med, c_iqr = timing.summarize(s["cand"])
     extra = {}
     if device.type != "cuda":
         for _ in range(CROSS_CHECK_RETRIES):  # host jitter passes with more batches; hidden work stays
@@ -123,8 +124,13 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
                 break
             m.more(s, MIN_BATCHES)
         _cross_check(s, m.k, device, extra)
-        b_med, b_iqr = timing.summarize(s["base"])
-        c_med, c_iqr = timing.summarize(s["cand"])
+    # per batch the mean call time: what the judge's clock vouches for (a sum per batch), so
+    # neither a candidate that does a batch's work in one call nor one that reports a forged
+    # spread of call times moves it; statistics and the interval are over the ABAB batch pairs
+    base_means = [t / m.k for t in s["rep_base"]]
+    cand_means = [t / m.k for t in s["rep_cand"]]
+    b_med, b_iqr = timing.summarize(base_means)
+    c_med, c_iqr = timing.summarize(cand_means)
     extra.update(baseline_ms=b_med, candidate_ms=c_med)
     if device.type == "cuda":
         # CUDA: the main pass's events leave host time out by design; the device-wide pass's walls do not
@@ -159,7 +165,7 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     gen = generator(device, m.seed ^ 0xA11)
     values, _ = make_inputs(m.scenario, gen, str(device), m.golden, root, draw=num_trials)
     m.trial(k, values, "after the timed calls")
-    lo, hi = timing.speedup_ci(s["base"], s["cand"], m.seed & 0x7FFFFFFF)
+    lo, hi = timing.speedup_ci(base_means, cand_means, m.seed & 0x7FFFFFFF)
     bound = roofline.bound_ms(m.scenario.get("bytes_moved"), m.scenario.get("flops"), peak)
     # a bound the baseline itself beats was measured wrong (peaks taken on a loaded host): no review then
     review = None if bound is not None and b_med < roofline.MARGIN * bound else roofline.review(c_med, bound, peak)

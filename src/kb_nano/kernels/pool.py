@@ -32,9 +32,10 @@ class WorkerGone(Exception):
     """The worker process died (``reason`` says how); ``interrupted`` when it died of a
     SIGINT from outside (a Ctrl-C), which ends the job without a row."""
 
-    def __init__(self, reason: str, interrupted: bool = False) -> None:
+    def __init__(self, reason: str, interrupted: bool = False, role: str = "") -> None:
         super().__init__(reason)
         self.interrupted = interrupted
+        self.role = role
 
 
 class WorkerTimeout(Exception):
@@ -64,6 +65,18 @@ def tree_cpu_s(pid: int) -> float:
             except (OSError, ValueError, IndexError):
                 pass
     return total / 1e9
+
+
+def scheduling(pid: int) -> dict[int, tuple]:
+    """Per thread of ``pid``: its CPU affinity, scheduling policy and niceness (what the
+    judge restores and checks on the baseline worker, see
+    :meth:`kb_nano.kernels.judge.Measurement._check_baseline_scheduling`)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError, ValueError):
+            t = int(tid)
+            out[t] = (frozenset(os.sched_getaffinity(t)), os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t))
+    return out
 
 
 def kill_tree(pid: int) -> None:
@@ -146,11 +159,11 @@ class WorkerHandle:
         self.proc.join(5)
         code = self.proc.exitcode
         if code == -signal.SIGINT:
-            return WorkerGone(f"the {self.role} worker was interrupted (SIGINT from outside)", interrupted=True)
+            return WorkerGone(f"the {self.role} worker died of SIGINT", interrupted=True, role=self.role)
         if code == worker_process.SELF_SIGINT_STATUS:
             return WorkerGone(f"the {self.role} sent SIGINT to its own process")
         how = f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with status {code}"
-        return WorkerGone(f"{self.role} worker {how} without a result" + _last_line(self.log_fd))
+        return WorkerGone(f"{self.role} worker {how} without a result" + _last_line(self.log_fd), role=self.role)
 
     def cpu_s(self) -> float:
         """CPU seconds used so far by the worker and everything it started."""
