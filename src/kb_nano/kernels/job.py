@@ -45,6 +45,9 @@ def judge_context() -> multiprocessing.context.BaseContext:
     global _CONTEXT
     with _LOCK:
         if _CONTEXT is None:
+            from kb_nano.kernels.pool import use_abstract_unix_sockets
+
+            use_abstract_unix_sockets()
             ctx = multiprocessing.get_context("forkserver")
             preload = ["kb_nano.kernels.judge_process"]
             if "snakemake.cli" in sys.modules:
@@ -177,7 +180,7 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
     longest wait for a free GPU). ``gpus``: the job's declared ``resources.gpu`` (see
     :func:`gpus_to_lease`). Raises ``KbNanoError`` (no row: the job is retried next run)
     when the pool is too small or no device becomes free in time, and
-    ``KeyboardInterrupt`` (no row) when a worker or the judge was interrupted."""
+    when the judge or the baseline worker was interrupted (SIGINT: no row either)."""
     from kb_nano import gpus as leasing
 
     pool_ids = leasing.pool()
@@ -196,7 +199,11 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
         if "status" in reply:
             return reply["status"]
         if "interrupted" in reply or reply.get("dead") == -signal.SIGINT:
-            raise KeyboardInterrupt(f"{candidate_id} on {scenario['scenario_id']}: {reply.get('interrupted', 'interrupted')}")
+            # a job error, not KeyboardInterrupt: raised in Snakemake's job thread that would hang its scheduler
+            from kb_nano.errors import KbNanoError
+
+            raise KbNanoError(f"{candidate_id} on {scenario['scenario_id']}: interrupted (SIGINT); no row, the next "
+                              "run redoes this job")
         _forget(judge) if "status" not in reply and "error" not in reply else None
         if "error" in reply:
             log_p.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from kb_nano.operators.base import DTYPES
 from kb_nano.schema import make_row
 
 GRAPH_REPLAYS = 10  # CUDA-graph replays per side (each: one call per slot)
+CONSISTENCY = 2.0  # CPU: the median-call speedup may exceed the batch-total speedup by this factor at most
 CROSS_CHECK_RETRIES = 2  # rounds of more batches when the clock cross-check fails (jitter passes, hidden work stays)
 
 
@@ -124,13 +125,19 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
                 break
             m.more(s, MIN_BATCHES)
         _cross_check(s, m.k, device, extra)
-    # per batch the mean call time: what the judge's clock vouches for (a sum per batch), so
-    # neither a candidate that does a batch's work in one call nor one that reports a forged
-    # spread of call times moves it; statistics and the interval are over the ABAB batch pairs
-    base_means = [t / m.k for t in s["rep_base"]]
-    cand_means = [t / m.k for t in s["rep_cand"]]
-    b_med, b_iqr = timing.summarize(base_means)
-    c_med, c_iqr = timing.summarize(cand_means)
+    b_med, b_iqr = timing.summarize(s["base"])
+    c_med, c_iqr = timing.summarize(s["cand"])
+    # the interval is over the ABAB batch pairs (calls within a batch are not independent)
+    base_blocks = [timing.summarize(s["base"][i:i + m.k])[0] for i in range(0, len(s["base"]), m.k)]
+    cand_blocks = [timing.summarize(s["cand"][i:i + m.k])[0] for i in range(0, len(s["cand"]), m.k)]
+    if device.type != "cuda" and c_med > 0 and sum(s["rep_cand"]) > 0:
+        # the per-call times must add up to what the judge's clock vouches for (the batch sums):
+        # a candidate that does a batch's work in one call, or reports a forged spread, does not
+        by_calls, by_sums = b_med / c_med, sum(s["rep_base"]) / sum(s["rep_cand"])
+        if by_calls > CONSISTENCY * by_sums and by_calls > 1.2:
+            raise Verdict("unsynced_work", f"the candidate's per-call times do not add up: its median call is "
+                          f"{by_calls:.3g}x the baseline's, its batches in total {by_sums:.3g}x (work done in some "
+                          "calls for others, or a forged spread of call times)")
     extra.update(baseline_ms=b_med, candidate_ms=c_med)
     if device.type == "cuda":
         # CUDA: the main pass's events leave host time out by design; the device-wide pass's walls do not
@@ -165,7 +172,7 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     gen = generator(device, m.seed ^ 0xA11)
     values, _ = make_inputs(m.scenario, gen, str(device), m.golden, root, draw=num_trials)
     m.trial(k, values, "after the timed calls")
-    lo, hi = timing.speedup_ci(base_means, cand_means, m.seed & 0x7FFFFFFF)
+    lo, hi = timing.speedup_ci(base_blocks, cand_blocks, m.seed & 0x7FFFFFFF)
     bound = roofline.bound_ms(m.scenario.get("bytes_moved"), m.scenario.get("flops"), peak)
     # a bound the baseline itself beats was measured wrong (peaks taken on a loaded host): no review then
     review = None if bound is not None and b_med < roofline.MARGIN * bound else roofline.review(c_med, bound, peak)

@@ -23,6 +23,31 @@ from pathlib import Path
 
 from kb_nano.kernels import worker_process
 
+def use_abstract_unix_sockets() -> None:
+    """Make ``multiprocessing`` listen on Linux *abstract* unix sockets (the fork servers
+    that start judges and workers). A fork server unpickles whatever a client sends, and a
+    filesystem socket can be connected to from inside the candidate's Landlock sandbox;
+    an abstract socket created outside it cannot (Landlock scopes abstract unix sockets
+    from ABI 6). Call before any fork server starts; idempotent; Linux only."""
+    import secrets
+    import sys
+    from multiprocessing import connection
+
+    if sys.platform != "linux" or getattr(connection.arbitrary_address, "_kb_nano", False):
+        return
+    original = connection.arbitrary_address
+
+    def arbitrary_address(family):
+        if family == "AF_UNIX":
+            return "\0kb_nano-" + secrets.token_hex(16)
+        return original(family)
+
+    arbitrary_address._kb_nano = True
+    connection.arbitrary_address = arbitrary_address
+
+
+use_abstract_unix_sockets()
+
 MAX_REPLY_BYTES = 1 << 20  # a worker's JSON reply; more is a protocol violation
 MAX_CANDIDATE_WORKERS = 4  # idle candidate workers kept per judge (least recently used go first)
 START_S = 120.0  # longest start of a worker (fork, torch threads, CUDA context) before the scenario clock
@@ -143,7 +168,7 @@ class WorkerHandle:
             raise WorkerTimeout(f"the {self.role} worker did not answer in time")
         if self.conn in ready:
             try:
-                data = self.conn.recv_bytes(MAX_REPLY_BYTES)
+                data = _recv_by(self.conn, deadline, self.role)
             except (EOFError, OSError):
                 raise self._gone() from None
             try:
@@ -174,6 +199,27 @@ class WorkerHandle:
         kill_tree(self.pid)
         self.proc.join(5)
         self.conn.close()
+
+
+def _recv_by(conn, deadline: float, role: str) -> bytes:
+    """``conn.recv_bytes`` that gives up at ``deadline`` even when a worker sent only part
+    of a message (``SIGALRM``; in the main thread, where the judge runs)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return conn.recv_bytes(MAX_REPLY_BYTES)
+
+    def expire(*_):
+        raise WorkerTimeout(f"the {role} worker sent part of a reply and stopped")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(0.05, deadline - time.monotonic()))
+    try:
+        return conn.recv_bytes(MAX_REPLY_BYTES)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _last_line(fd: int) -> str:
