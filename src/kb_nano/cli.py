@@ -755,7 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--candidate", nargs="+", action="extend", help="candidate id(s) or prefixes, e.g. rms_norm/torch_fused")
     k.add_argument("--num-warmup", type=int, help="untimed calls per side (default 10)")
     k.add_argument("--num-runs", type=int, help="timed calls per side, at least (default 100; small calls get more: "
-                   "at least 5 batches of about 5 ms on a CPU, 2 ms on a GPU; the row's num_runs says how many ran)")
+                   "at least 10 batches of about 5 ms on a CPU, 2 ms on a GPU; the row's num_runs says how many ran)")
     k.add_argument("--atol", type=float, help="absolute tolerance for every operator (default: each operator's own, "
                    "e.g. 0.01 for bf16 pointwise ops; README: Operators)")
     k.add_argument("--rtol", type=float, help="relative tolerance for every operator (default: each operator's own; "
