@@ -4,7 +4,7 @@ Both baselines are thin wrappers that build the transformers module of the model
 architecture (``AutoModelForCausalLM.from_config`` on the meta device, so nothing is
 allocated twice) from the model's ``config.json`` fields, give it real seeded random
 weights with transformers' own ``_init_weights`` (``normal(0, initializer_range)`` for
-linear/embedding weights, ones for norms; :func:`kb_nano.bench.measure` later perturbs the
+linear/embedding weights, ones for norms; the Tier-1 engine (:mod:`kb_nano.kernels.worker`) later perturbs the
 constant ones), and call it. Candidates at these levels are therefore checked against the
 reference implementation, not against a re-implementation of it.
 
@@ -64,7 +64,7 @@ MODEL_MAX_PARAMS = 1_000_000_000
 # Llama-3.1-8B tp 1 n 64). Real bugs are far above (tp 4 n 64: rotary left out 4.7, no
 # causal mask 5.0, norm weight ignored 2.2, Qwen3 q/k norm left out 2.3). fp16 has 3 more
 # mantissa bits (1/8); fp32 is ~1e-5. The pointwise 1e-2 of L1 operators would fail the
-# reference itself. A norm-wise criterion would separate better (kb_nano.bench does not
+# reference itself. A norm-wise criterion would separate better (kb_nano.kernels.compare does not
 # have one).
 LAYER_TOLERANCE = {"bfloat16": (0.5, 0.02), "float16": (0.08, 0.01), "float32": (1e-3, 1e-3)}
 # Config fields divided by the TP degree for one rank (MLP / expert widths).
