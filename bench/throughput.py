@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Self
 
 REPO = Path(__file__).resolve().parents[1]
-COPY = ("Snakefile", "workflow", "config", "candidates", "profiles", "envs")  # the workflow's files
+sys.path.insert(0, str(REPO / "tests"))
+from workflow_helpers import copy_workflow  # noqa: E402  (the workflow's files, as the tests copy them)
 PASS_THROUGH = ("target", "model", "num_tokens", "tp", "device", "num_warmup", "num_runs")
 
 
@@ -82,16 +83,6 @@ class GpuSampler:
         """``{samples, busy_pct, mean_util_pct}`` or None when nothing was sampled."""
         n, s = len(self.samples), self.samples
         return {"samples": n, "busy_pct": 100.0 * sum(x > 0 for x in s) / n, "mean_util_pct": sum(s) / n} if n else None
-
-
-def copy_workflow(dest: Path) -> None:
-    """Copy the workflow files (``COPY``) of this checkout into ``dest``."""
-    for name in COPY:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, dest / name)
 
 
 def kb_nano_command(args: argparse.Namespace) -> list[str]:

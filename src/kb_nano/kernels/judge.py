@@ -16,7 +16,7 @@ use while the baseline runs, and alone writes the (signed) shard. Steps:
 3. Warm-up, then the timed batches, alternating baseline and candidate (ABAB), each batch
    one call per slot on new values; every output compared; the candidate's slots
    compared with the judge's copy; the judge's clock around each batch compared with the
-   times the worker reported (:func:`kb_nano.kernels.timing.batch_overhead_ms`).
+   times the worker reported (:func:`hidden_ms`).
 4. CUDA: the device-wide pass (``unsynced_work`` for work on other streams) and, with
    ``cuda_graph``, CUDA-graph replays of each batch.
 5. One more checked call on new values, then the statistics, the bootstrap interval and

@@ -27,7 +27,7 @@ worker does before it imports any candidate, so a candidate that later replaces
 the worker calls (and :mod:`kb_nano.kernels.guard` reports the replacement as
 ``tampered``). A candidate can still forge what its own worker reports; the judge checks
 the reported times against its own clock around each batch
-(:func:`batch_overhead_ms`).
+(:func:`kb_nano.kernels.judge.hidden_ms`).
 """
 
 from __future__ import annotations
@@ -169,16 +169,6 @@ def hidden_work_limit_ms(candidate_ms: float) -> float:
     half the candidate's median, at least 0.01 ms (10 us absorbs host-side jitter of
     launch and synchronize; measured on the H200, see bench/FIDELITY.md)."""
     return max(0.5 * candidate_ms, 0.01)
-
-
-def batch_overhead_ms(judge_ms: list[float], reported_ms: list[list[float]]) -> float:
-    """Median over batches of the judge's clock around a batch minus the sum of the
-    call times the worker reported for it, per call, in ms. The judge's clock runs from
-    sending the request to receiving the reply, so it holds everything the worker did
-    for the batch (its calls, the output copies, its device synchronize); work a
-    candidate moves out of its timed window but not out of the batch raises this."""
-    per_call = [(j - sum(r)) / max(len(r), 1) for j, r in zip(judge_ms, reported_ms)]
-    return float(_median(per_call)) if per_call else 0.0
 
 
 def summarize(times_ms: list[float]) -> tuple[float, float]:
