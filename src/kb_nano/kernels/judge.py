@@ -131,7 +131,7 @@ class Measurement:
         self.make_slots(2)
         self._fill(0, self.first)
         self.out_spec = _ask(self.base, {"cmd": "probe"}, self.deadline)["spec"]
-        self.make_slots(2)
+        self.share_outputs()
 
     def per_slot_bytes(self) -> int:
         from kb_nano.operators.base import spec_bytes
@@ -149,13 +149,19 @@ class Measurement:
         in_specs = [([k, *s["shape"]], DTYPES[s["dtype"]]) for s in self.specs]
         self.src = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in in_specs]
         self.ins, self.outs = {}, {}
-        outputs = (self.out_spec or {}).get("outputs")
         for side, worker in (("base", self.base), ("cand", self.cand)):
             self.ins[side] = self._share(in_specs, [True] * len(in_specs), worker, "inputs")
-            if outputs is not None:
-                pattern = [isinstance(o, list) for o in outputs]
-                specs = [([k, *o[0]], getattr(torch, o[1])) for o in outputs if isinstance(o, list)]
-                self.outs[side] = self._share(specs, pattern, worker, "outputs")
+        if self.out_spec is not None:
+            self.share_outputs()
+
+    def share_outputs(self) -> None:
+        """One shared ``[k, *shape]`` tensor per tensor output of the baseline's spec, for
+        each side."""
+        outputs = self.out_spec["outputs"]
+        pattern = [isinstance(o, list) for o in outputs]
+        specs = [([self.k, *o[0]], getattr(torch, o[1])) for o in outputs if isinstance(o, list)]
+        for side, worker in (("base", self.base), ("cand", self.cand)):
+            self.outs[side] = self._share(specs, pattern, worker, "outputs")
 
     def _share(self, specs, pattern, worker, tag) -> list:
         shared = SharedTensors(specs, self.device)
