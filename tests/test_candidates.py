@@ -624,3 +624,42 @@ def test_shard_key_is_never_read_half_written(tmp_path):
         keys = pool.map(key, [tmp_path] * 16)
     assert len(set(keys)) == 1 and len(keys[0]) == 32
     assert [p.name for p in (tmp_path / "results/.kb_nano").iterdir()] == ["shard.key"]
+
+
+def test_skip_init_turns_torch_init_off_inside_only():
+    from kb_nano.kernels.worker import skip_init
+
+    normal = torch.nn.init.normal_
+    t = torch.zeros(2, 2)
+    with skip_init():
+        torch.nn.init.normal_(t)
+        torch.nn.init.kaiming_uniform_(t)
+        assert bool((t == 0).all())  # a candidate's constructor draws nothing its state_dict overwrites
+    assert torch.nn.init.normal_ is normal
+    with pytest.raises(ValueError), skip_init():
+        raise ValueError("a failing constructor")
+    assert torch.nn.init.normal_ is normal
+    torch.nn.init.normal_(t)
+    assert not bool((t == 0).all())
+
+
+@pytest.mark.slow
+def test_prestarted_judge_serves_the_first_job_and_binds_once(tmp_path, scenarios, settings):
+    from kb_nano.kernels import job
+
+    path = rms_candidate(tmp_path, "good")
+    job.prestart()
+    full = {**settings, "seed": None, "golden": None, "num_trials": 3, "cuda_graph": False,
+            "float32_matmul_precision": "highest", "memory_limit_gb": None, "roofline": None}
+    out = tmp_path / "results/kernels/rms_norm/good/rms_norm__llama32-1b__tp1__n4.parquet"
+    try:
+        spare_pid = job._SPARE["thread"].join() or job._SPARE["judge"].proc.pid
+        status = job.run(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/good", str(path), full, str(out),
+                         str(tmp_path / "job.log"), str(tmp_path))
+        assert status == "passed" and out.is_file()
+        judge = job._JUDGES["cpu"]
+        assert judge.proc.pid == spare_pid and "spare" not in job._JUDGES and "judge" not in job._SPARE
+        assert "error" in judge.ask({"bind": {"env": {}, "gpu_ids": None}}, 30)  # bound once, before any request
+    finally:
+        job.close_judges()
+        job._SPARE.clear()

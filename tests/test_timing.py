@@ -82,6 +82,8 @@ def test_batch_size_follows_the_call_time_and_memory():
     assert batch_calls(0.001, 1000, cpu) == 1000  # capped
     assert batch_calls(50.0, 1000, cpu) == 2  # at least two slots
     assert batch_calls(0.01, 1 << 30, cpu) == 2  # what the memory budget holds
+    assert batch_calls(50.0, 1000, cpu, num_runs=100) == 10  # num_runs in MIN_BATCHES batches
+    assert batch_calls(1.0, 1000, cpu, num_runs=20) == 5
 
 
 def test_output_aliasing_rules():

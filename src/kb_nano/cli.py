@@ -212,6 +212,8 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         cmd += ["--resources", f"gpu={len(pool)}"]
     if args.dry_run:
         cmd += ["--dry-run"]
+    elif "results/kernels.parquet" in targets and not {"--profile", "--executor", "-e"} & set(passthrough):
+        env["KB_NANO_PRESTART_JUDGE"] = "1"  # local kernel jobs: start the judge while Snakemake parses
     if not args.verbose and "--quiet" not in passthrough:
         cmd += ["--quiet", "rules"]
     # Under the workflow directory, not /tmp: cluster jobs (`-- --profile profiles/slurm`)

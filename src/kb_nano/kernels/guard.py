@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 Violation = tuple[str, str] | None
-_MISSING = object()
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _VOLATILE = {"__dict__", "__weakref__", "__doc__", "__abstractmethods__", "__annotations__", "__parameters__"}
 HARNESS_MODULES = ("kb_nano.kernels.timing", "kb_nano.kernels.checks", "kb_nano.kernels.guard",
@@ -99,13 +98,7 @@ class Namespaces:
     def _take(self) -> dict[str, dict]:
         snap = {}
         for name, obj in self._objects.items():
-            # getattr_static: the stored object itself (a classmethod is re-bound on each
-            # getattr). Classes: dunders too (Module.__call__, Tensor.__mul__).
-            keep = (lambda k: k not in _VOLATILE) if isinstance(obj, type) else (lambda k: not k.startswith("__"))
-            # Names dir() lists without a stored value (numpy's and torch's lazily imported
-            # submodules, served by a module __getattr__) are left out: appearing later is fine.
-            values = {k: inspect.getattr_static(obj, k, _MISSING) for k in dir(obj) if keep(k)}
-            snap[name] = {k: v for k, v in values.items() if v is not _MISSING}
+            snap[name] = _stored(obj)
             if isinstance(obj, type) and obj.__module__.startswith("kb_nano"):
                 snap[name].update({f"{k}.__code__": v.__code__ for k, v in snap[name].items() if _ours(v)})
         for name in self._modules:
@@ -141,6 +134,21 @@ class Namespaces:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         return "tampered", (f"{when}, the candidate changed {', '.join(changed[:3])}{more}: the harness's timer, "
                             "statistics, precision settings and the baseline's functions must stay as they were")
+
+
+def _stored(obj) -> dict:
+    """The objects stored under ``obj``'s names, as ``inspect.getattr_static`` finds them
+    (the stored object itself: a classmethod is re-bound on each getattr), read straight
+    from the ``__dict__`` of each: a class's whole MRO, nearest class winning, dunders included
+    (``Module.__call__``, ``Tensor.__mul__``); a module's own names without dunders.
+    Names served lazily by a module ``__getattr__`` (numpy's and torch's submodules) have
+    no stored value and are left out: appearing later is fine."""
+    if isinstance(obj, type):
+        merged: dict = {}
+        for cls in reversed(obj.__mro__):
+            merged.update(vars(cls))
+        return {k: v for k, v in merged.items() if k not in _VOLATILE}
+    return {k: v for k, v in vars(obj).items() if not k.startswith("__")}
 
 
 def _is_data(obj) -> bool:

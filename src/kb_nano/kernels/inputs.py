@@ -61,7 +61,10 @@ def randomize_constant_parameters(module: torch.nn.Module, seed: int, std: float
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
-            if p.is_floating_point() and p.numel() > 0 and bool((p == p.flatten()[0]).all()):
+            flat = p.detach().flatten()
+            # the first elements decide for almost every random weight (a cheap look first)
+            if p.is_floating_point() and p.numel() > 0 and bool((flat[:64] == flat[0]).all()) \
+                    and bool((flat == flat[0]).all()):
                 noise = torch.randn(p.shape, generator=generator, dtype=torch.float32) * std
                 p.add_(noise.to(device=p.device, dtype=p.dtype))
 

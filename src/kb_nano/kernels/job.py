@@ -17,6 +17,7 @@ Torch-free: the Snakemake process stays light.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -38,8 +39,9 @@ _JUDGES: dict[str, "Judge"] = {}
 
 
 def judge_context() -> multiprocessing.context.BaseContext:
-    """The ``forkserver`` context whose server preloads the judge (and with it torch);
-    created on first use, once per process. (``snakemake.cli``: when Snakemake runs as
+    """The ``forkserver`` context whose server preloads the judge's module (torch-free: a
+    judge imports torch while its workers' fork server does); created on first use, once
+    per process. (``snakemake.cli``: when Snakemake runs as
     its console script, multiprocessing re-imports that script in every child, 0.6 s
     each unless the server has it already.)"""
     global _CONTEXT
@@ -61,13 +63,13 @@ class Judge:
     """The Snakemake side of one judge process (one device); ``lock`` gives it to one job
     at a time."""
 
-    def __init__(self, key: str, gpu_ids: list[str]) -> None:
+    def __init__(self, key: str, gpu_ids: list[str], bind_later: bool = False) -> None:
         from kb_nano.kernels import judge_process
 
         ctx = judge_context()
         env = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)} if gpu_ids else {}
         self.conn, child = ctx.Pipe(duplex=True)
-        spec = {"env": env, "owner_pid": os.getpid(), "gpu_ids": ",".join(gpu_ids) or None}
+        spec = {"env": env, "owner_pid": os.getpid(), "gpu_ids": ",".join(gpu_ids) or None, "bind_later": bind_later}
         self.proc = ctx.Process(target=judge_process.serve, args=(child, spec), name=f"kb_nano judge {key}")
         with _LOCK:  # Process.start() polls the other live children (multiprocessing's _cleanup)
             self.proc.start()
@@ -102,20 +104,61 @@ class Judge:
 
 
 _CREATE_LOCK = threading.Lock()  # one judge per device, even when two job threads ask at once
+_SPARE: dict = {}  # "thread": the prestart thread, "judge": the judge it started (see prestart)
+_EXIT_HOOK: list = []
+
+
+def _close_at_exit() -> None:
+    if not _EXIT_HOOK:
+        import atexit
+
+        # before multiprocessing's own exit handler, which would wait for the judges forever
+        atexit.register(close_judges)
+        _EXIT_HOOK.append(True)
+
+
+def prestart() -> None:
+    """Start a judge before any kernel job asks for one, in a background thread: it imports
+    torch and starts its workers' fork server while Snakemake parses the workflow and
+    builds the manifest (seconds on a cold host). The first job takes it over for its
+    device (:func:`_judge` binds it to the job's GPUs); unused, it ends with the process.
+    The CLI asks for it (``KB_NANO_PRESTART_JUDGE=1``) on local, non-dry runs."""
+    def start() -> None:
+        with contextlib.suppress(Exception):  # a failed prestart only costs the speed-up
+            _SPARE["judge"] = Judge("spare", [], bind_later=True)
+
+    with _LOCK:
+        _close_at_exit()
+        if "thread" not in _SPARE:
+            _SPARE["thread"] = threading.Thread(target=start, name="kb_nano-prestart", daemon=True)
+            _SPARE["thread"].start()
+
+
+def _take_spare(key: str, gpu_ids: list[str]) -> Judge | None:
+    """The prestarted judge, bound to ``gpu_ids`` (its ``CUDA_VISIBLE_DEVICES``), or None."""
+    thread = _SPARE.get("thread")
+    if thread is None:
+        return None
+    thread.join()
+    judge = _SPARE.pop("judge", None)
+    if judge is None or not judge.proc.is_alive():
+        return None
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)} if gpu_ids else {}
+    reply = judge.ask({"bind": {"env": env, "gpu_ids": ",".join(gpu_ids) or None}}, 60.0)
+    if not reply.get("bound"):
+        judge.close()
+        return None
+    judge.key = key
+    return judge
 
 
 def _judge(key: str, gpu_ids: list[str]) -> Judge:
     with _CREATE_LOCK:
         with _LOCK:
             judge = _JUDGES.get(key)
-            first = not _JUDGES
+            _close_at_exit()
         if judge is None or not judge.proc.is_alive():
-            if first:
-                import atexit
-
-                # before multiprocessing's own exit handler, which would wait for the judges forever
-                atexit.register(close_judges)
-            judge = Judge(key, gpu_ids)
+            judge = _take_spare(key, gpu_ids) or Judge(key, gpu_ids)
             with _LOCK:
                 _JUDGES[key] = judge
         return judge
@@ -123,9 +166,14 @@ def _judge(key: str, gpu_ids: list[str]) -> Judge:
 
 def close_judges() -> None:
     """End every judge of this process (each kills its workers), at the latest after 10 s."""
+    thread = _SPARE.get("thread")
+    if thread is not None:
+        thread.join(30)
     with _LOCK:
         judges = list(_JUDGES.values())
         _JUDGES.clear()
+        if "judge" in _SPARE:
+            judges.append(_SPARE.pop("judge"))
     for judge in judges:
         try:
             judge.conn.send(None)

@@ -47,7 +47,7 @@ MIN_BATCHES = 10  # ABAB batch pairs per measurement at least (the interval is o
 SLOT_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # most memory the slots of one measurement take
 IDLE_CPU_S = 0.005  # CPU a candidate's process may use while the baseline is timed (+10% of that batch)
 SETTLE_S = 10.0  # before timing, wait this long at most for the candidate's processes to go idle
-SETTLE_WINDOW_S = 0.1  # ... idle: less than IDLE_CPU_S of CPU in a window this long
+SETTLE_WINDOW_S = 0.03  # ... idle: less than 5% of a CPU in a window this long
 HIDDEN_FRACTION = 0.1  # a candidate's batch may exceed its reported call times + the baseline's overhead by 10%
 HIDDEN_FLOOR_MS = {"cpu": 0.5, "cuda": 0.1}  # ... plus this jitter allowance per batch
 
@@ -78,12 +78,13 @@ def _ask(worker: WorkerHandle, msg: dict, deadline: float, shared=None) -> dict:
     return reply
 
 
-def batch_calls(call_ms: float, per_slot_bytes: int, device: torch.device) -> int:
+def batch_calls(call_ms: float, per_slot_bytes: int, device: torch.device, num_runs: int = 0) -> int:
     """Calls (input slots) per batch: enough for a batch of :data:`TARGET_BATCH_MS`
     at ``call_ms`` per call (so the judge's clock resolves work hidden outside the timed
-    calls), at most :data:`MAX_BATCH_CALLS` and what :data:`SLOT_BYTES` holds, at
-    least 2."""
-    want = TARGET_BATCH_MS.get(device.type, 10.0) / max(call_ms, 1e-4)
+    calls) and for ``num_runs`` calls in :data:`MIN_BATCHES` batches (each batch costs a
+    round of checks: fewer, fuller batches for slow calls), at most
+    :data:`MAX_BATCH_CALLS` and what :data:`SLOT_BYTES` holds, at least 2."""
+    want = max(TARGET_BATCH_MS.get(device.type, 10.0) / max(call_ms, 1e-4), num_runs / MIN_BATCHES)
     fit = SLOT_BYTES.get(device.type, 2 << 30) // max(per_slot_bytes, 1)
     return int(max(2, min(MAX_BATCH_CALLS, fit, -(-want // 1))))
 
@@ -103,6 +104,7 @@ class Measurement:
         self.worst = [0.0, 0.0]
         self.compared = False  # whether any output was compared (rows of earlier failures carry no error)
         self.shared: list[SharedTensors] = []
+        self.phases: dict[str, float] = {}  # seconds per step, for the job log
 
     def close(self) -> None:
         for s in self.shared:
@@ -112,8 +114,10 @@ class Measurement:
     def prepare(self) -> None:
         """Build both modules and learn the output spec from the baseline (two slots)."""
         _ask(self.cand, {"cmd": "supports"}, self.deadline)
+        t = time.perf_counter()
         reply = _ask(self.base, {"cmd": "setup", "scenario": self.scenario, "param_seed": param_seed(self.seed)},
                      self.deadline)
+        self.phases["baseline build"] = -t + (t := time.perf_counter())
         specs = [(shape, getattr(torch, dtype)) for _, shape, dtype in reply["params"]]
         # The baseline writes its parameters into tensors shared with it, drops them, and
         # the same tensors go to the candidate (no memory stays shared between the two).
@@ -121,8 +125,10 @@ class Measurement:
         try:
             _ask(self.base, {"tag": "params", "pattern": [True] * len(specs)}, self.deadline, params)
             _ask(self.cand, {"tag": "params", "pattern": [True] * len(specs)}, self.deadline, params)
+            self.phases["parameter copy"] = -t + (t := time.perf_counter())
             _ask(self.cand, {"cmd": "setup", "scenario": self.scenario, "names": [n for n, _, _ in reply["params"]]},
                  self.deadline)
+            self.phases["candidate build"] = time.perf_counter() - t
         finally:
             params.close()
         gen = generator(self.device, self.seed)
@@ -274,7 +280,7 @@ class Measurement:
             self._refill(refresh, n)
             warm += self.batch(self.base, 0, n, "warmup")[0]["times_ms"]
             self.batch(self.cand, 0, n, "warmup")
-        k = batch_calls(float(timing.summarize(warm)[0]), self.per_slot_bytes(), self.device)
+        k = batch_calls(float(timing.summarize(warm)[0]), self.per_slot_bytes(), self.device, num_runs)
         if k != self.k:
             self.make_slots(k)
             refresh = self.refresher(first_draw + 8)
@@ -338,7 +344,7 @@ class Measurement:
         while time.monotonic() < end:
             cpu0 = self.cand.cpu_s()
             time.sleep(SETTLE_WINDOW_S)
-            if self.cand.cpu_s() - cpu0 < IDLE_CPU_S:
+            if self.cand.cpu_s() - cpu0 < 0.05 * SETTLE_WINDOW_S:
                 return
 
     def _refill(self, refresh: Refresher, n: int) -> None:

@@ -2,7 +2,8 @@
 scenario at a time and writes their shards.
 
 :mod:`kb_nano.kernels.job` starts one per device (``cpu``, or each leased GPU) from a
-fork server with torch imported, and sends it one request per job; the judge keeps its
+fork server (torch-free: each judge starts its workers' fork server first, then imports
+torch while that server does), and sends it one request per job; the judge keeps its
 workers (:class:`kb_nano.kernels.pool.Pool`) between requests and dies with the
 Snakemake process.
 """
@@ -11,15 +12,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import traceback
+import types
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kb_nano.kernels import signing
-from kb_nano.kernels.measure import Interrupted, measure
-from kb_nano.kernels.pool import Pool, prewarm
-from kb_nano.kernels.worker_process import _die_with_owner
-from kb_nano.schema import write_rows
+from kb_nano.kernels.pool import prewarm  # torch-free: the judge imports torch after prewarm()
 
 
 def utc_now() -> str:
@@ -30,15 +29,23 @@ def utc_now() -> str:
 def serve(conn, spec: dict) -> None:
     """Entry point (a ``multiprocessing`` target). ``spec``: ``env`` (set first:
     ``CUDA_VISIBLE_DEVICES`` of the leased GPU), ``owner_pid`` (the Snakemake process),
-    ``gpu_ids``. Each request is a dict with ``scenario``, ``candidate_id``,
+    ``gpu_ids``, ``bind_later`` (a prestarted judge: its first request is ``{"bind":
+    {"env", "gpu_ids"}}``, answered ``{"bound": True}``; nothing has touched CUDA yet). Each request is a dict with ``scenario``, ``candidate_id``,
     ``candidate_path``, ``settings``, ``output``, ``log``, ``root``; the reply is
     ``{"status"}`` after the shard is written, ``{"interrupted"}`` (no shard), or
     ``{"error"}`` (a failure of the baseline or the judge; no shard)."""
     os.environ.update(spec.get("env") or {})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # multiprocessing makes every child import its parent's __main__ (here Snakemake's
+    # script, 1-2 s): the judge's workers need nothing of it
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    prewarm()  # the workers' fork server imports torch while the judge does (below)
+    from kb_nano.kernels.measure import Interrupted
+    from kb_nano.kernels.worker_process import _die_with_owner
+
     _die_with_owner(int(spec["owner_pid"]))
-    prewarm()
     pools: dict[tuple, Pool] = {}
+    gpu_ids = spec.get("gpu_ids")
     try:
         while True:
             try:
@@ -47,8 +54,16 @@ def serve(conn, spec: dict) -> None:
                 break
             if req is None:
                 break
+            if "bind" in req:  # a prestarted judge gets its device before its first request
+                if pools or not spec.get("bind_later"):
+                    conn.send({"error": "a judge is bound once, before its first request"})
+                    continue
+                os.environ.update(req["bind"]["env"])
+                gpu_ids = req["bind"]["gpu_ids"]
+                conn.send({"bound": True})
+                continue
             try:
-                conn.send({"status": _one(req, pools, spec.get("gpu_ids"))})
+                conn.send({"status": _one(req, pools, gpu_ids)})
             except Interrupted as exc:
                 conn.send({"interrupted": str(exc)})
             except Exception as exc:
@@ -62,7 +77,11 @@ def serve(conn, spec: dict) -> None:
 
 def _one(req: dict, pools: dict, gpu_ids: str | None) -> str:
     """Measure one request and write its signed shard; returns the status."""
+    from kb_nano.kernels import signing
     from kb_nano.kernels.fields import resolve_device
+    from kb_nano.kernels.measure import measure
+    from kb_nano.kernels.pool import Pool
+    from kb_nano.schema import write_rows
 
     root = Path(req["root"])
     settings = req["settings"]

@@ -10,6 +10,7 @@ baseline or of the judge itself propagates.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -52,6 +53,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
     cand = base = m = None
     status, error, extra = "passed", None, {}
     try:
+        pool.start_baseline(settings, log_fd, deadline)  # both workers start up at once
         cand = pool.get_candidate(Path(candidate_path), scenario["target"], settings, log_fd, deadline)
         fields["sandbox"] = cand.ready.get("sandbox")
         cand.send_log(log_fd, deadline)
@@ -64,6 +66,7 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         base.send_log(log_fd, deadline)
         fields.update(num_threads=base.ready["num_threads"], allow_tf32=base.ready["allow_tf32"])
         m = Measurement(scenario, settings, root, pool, base, cand, device, seed, deadline)
+        m.phases["workers"] = time.perf_counter() - t_start
         with torch.inference_mode():
             extra = _run(m, settings, Path(root))
         fields["input_source"] = m.source
@@ -80,6 +83,9 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         if m is not None:
             m.close()
     status, error = _end(pool, base, cand, status, error)
+    if m is not None:  # where the row's time went, for the job log
+        phases = ", ".join(f"{k} {v:.2f} s" for k, v in m.phases.items())
+        os.write(log_fd, f"kb_nano: {status} in {time.perf_counter() - t_start:.2f} s ({phases})\n".encode())
     if m is not None and m.compared:
         extra.setdefault("max_abs_err", m.worst[0])
         extra.setdefault("max_rel_err", m.worst[1])
@@ -113,11 +119,16 @@ def _end(pool: Pool, base, cand, status: str, error: str | None) -> tuple[str, s
 def _run(m: Measurement, settings: dict, root: Path) -> dict:
     """The steps after the workers are up; returns the row's measured fields."""
     device = m.device
+    t = time.perf_counter()
     m.prepare()
+    t = time.perf_counter()
     num_trials = m.trials()
+    m.phases["trials"] = -t + (t := time.perf_counter())
     peak = roofline.peaks(device, device_name(device), DTYPES[m.scenario["dtype"]], root / "results/.device",
                           settings.get("roofline"), working_set=m.scenario.get("bytes_moved"))
+    m.phases["roofline peaks"] = -t + (t := time.perf_counter())
     s = m.timed(num_trials + 1)
+    m.phases["timed"] = time.perf_counter() - t
     extra = {}
     if device.type != "cuda":
         for _ in range(CROSS_CHECK_RETRIES):  # host jitter passes with more batches; hidden work stays

@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from kb_nano.kernels import worker_process
 
 def use_abstract_unix_sockets() -> None:
     """Make ``multiprocessing`` listen on Linux *abstract* unix sockets (the fork servers
@@ -49,7 +48,9 @@ def use_abstract_unix_sockets() -> None:
 use_abstract_unix_sockets()
 
 MAX_REPLY_BYTES = 1 << 20  # a worker's JSON reply; more is a protocol violation
-MAX_CANDIDATE_WORKERS = 4  # idle candidate workers kept per judge (least recently used go first)
+# idle candidate workers kept per judge (least recently used go first): a sweep's jobs come
+# in any order, so about one per candidate file; a CUDA worker holds a context on the GPU
+MAX_CANDIDATE_WORKERS = {"cpu": 16, "cuda": 8}
 START_S = 120.0  # longest start of a worker (fork, torch threads, CUDA context) before the scenario clock
 
 
@@ -119,20 +120,41 @@ class WorkerHandle:
     """The judge's end of one worker. ``ready`` is the worker's first reply (its sandbox,
     thread count, and for a candidate the import's violation, if any)."""
 
-    def __init__(self, ctx, spec: dict, log_fd: int, deadline: float) -> None:
+    def __init__(self, ctx, spec: dict, log_fd: int, deadline: float, wait: bool = True) -> None:
         self.role = spec["role"]
         self.conn, child = ctx.Pipe(duplex=True)
+        from kb_nano.kernels import worker_process  # (torch: not at import, see judge_process.serve)
+
         self.proc = ctx.Process(target=worker_process.main, args=(child, spec), name=f"kb_nano {self.role}")
         self.proc.start()
         child.close()
         self.pid = self.proc.pid
         self.log_fd = log_fd
+        self._ready: dict | None = None
         try:
             self._send_fd(log_fd)  # the worker's stdout/stderr from its first line on
-            self.ready = self._receive(deadline)
         except BaseException:
             self.close()
             raise
+        if wait:
+            self.wait_ready(deadline)
+
+    def wait_ready(self, deadline: float) -> dict:
+        """The worker's first reply, waited for once (a worker started with ``wait=False``
+        starts up while the judge does other things)."""
+        if self._ready is None:
+            try:
+                self._ready = self._receive(deadline)
+            except BaseException:
+                self.close()
+                raise
+        return self._ready
+
+    @property
+    def ready(self) -> dict:
+        """The first reply (see :meth:`wait_ready`, which must have returned)."""
+        assert self._ready is not None, "wait_ready() first"
+        return self._ready
 
     def request(self, msg: dict, deadline: float, shared=None) -> dict:
         """Send ``msg`` (and then ``shared``'s descriptor, see :mod:`kb_nano.kernels.shm`)
@@ -185,7 +207,9 @@ class WorkerHandle:
         code = self.proc.exitcode
         if code == -signal.SIGINT:
             return WorkerGone(f"the {self.role} worker died of SIGINT", interrupted=True, role=self.role)
-        if code == worker_process.SELF_SIGINT_STATUS:
+        from kb_nano.kernels.worker_process import SELF_SIGINT_STATUS
+
+        if code == SELF_SIGINT_STATUS:
             return WorkerGone(f"the {self.role} sent SIGINT to its own process")
         how = f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with status {code}"
         return WorkerGone(f"{self.role} worker {how} without a result" + _last_line(self.log_fd), role=self.role)
@@ -254,13 +278,9 @@ def worker_context():
     worker modules once); one per judge process. :func:`prewarm` starts the server early."""
     global _CONTEXT
     if _CONTEXT is None:
-        import sys
-
         ctx = multiprocessing.get_context("forkserver")
-        preload = ["kb_nano.kernels.worker_process"]
-        if "snakemake.cli" in sys.modules:  # see kb_nano.kernels.job.judge_context
-            preload.insert(0, "snakemake.cli")
-        ctx.set_forkserver_preload(preload)
+        # (the judge replaced its __main__: workers import no Snakemake script, see judge_process.serve)
+        ctx.set_forkserver_preload(["kb_nano.kernels.worker_process"])
         _CONTEXT = ctx
     return _CONTEXT
 
@@ -295,14 +315,20 @@ class Pool:
                 "num_threads": int(settings["num_threads"]), "memory_limit_gb": settings.get("memory_limit_gb"),
                 "precision": str(settings.get("float32_matmul_precision") or "highest")}
 
-    def get_baseline(self, settings: dict, log_fd: int, deadline: float) -> WorkerHandle:
-        """The baseline worker (started when missing or when its settings changed)."""
+    def start_baseline(self, settings: dict, log_fd: int, deadline: float) -> None:
+        """Start the baseline worker when it is missing or its settings changed, without
+        waiting for it (it starts up while the candidate's worker does)."""
         key = _fixed(settings)
         if self.baseline is not None and (self.baseline_key != key or not self.baseline.proc.is_alive()):
             self.discard(self.baseline)
         if self.baseline is None:
-            self.baseline = WorkerHandle(self.ctx, self._spec("baseline", settings), log_fd, deadline)
+            self.baseline = WorkerHandle(self.ctx, self._spec("baseline", settings), log_fd, deadline, wait=False)
             self.baseline_key = key
+
+    def get_baseline(self, settings: dict, log_fd: int, deadline: float) -> WorkerHandle:
+        """The baseline worker, ready (started when missing or when its settings changed)."""
+        self.start_baseline(settings, log_fd, deadline)
+        self.baseline.wait_ready(deadline)
         return self.baseline
 
     def get_candidate(self, path: Path, target: str, settings: dict, log_fd: int, deadline: float) -> WorkerHandle:
@@ -316,7 +342,7 @@ class Pool:
         if handle is not None and handle.proc.is_alive():
             self.candidates.move_to_end(key)
             return handle
-        while len(self.candidates) >= MAX_CANDIDATE_WORKERS:
+        while len(self.candidates) >= MAX_CANDIDATE_WORKERS.get(self.device.split(":")[0], 8):
             self.discard(next(iter(self.candidates.values())))
         scratch = self.scratch / key[1][:16]
         cache = cache_dir() / key[1][:16]
@@ -344,8 +370,11 @@ class Pool:
                 del self.candidates[k]
 
     def close(self) -> None:
-        """Kill every worker."""
-        for h in [self.baseline, *self.candidates.values()]:
+        """Kill every worker (all the trees first, then wait for each)."""
+        handles = [h for h in [self.baseline, *self.candidates.values()] if h is not None]
+        for h in handles:
+            kill_tree(h.pid)
+        for h in handles:
             self.discard(h)
         import shutil
 

@@ -20,6 +20,7 @@ applied to what it ran.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 
 import torch
@@ -77,8 +78,9 @@ class Side:
         """Build this side's module for ``msg["scenario"]``. The baseline: from the
         parameter seed, constant parameters randomized; the reply lists its state_dict
         (``params``: name, shape, dtype), which the judge then has it export into shared
-        tensors. A candidate: from its class, loading the state_dict the judge copied
-        from the baseline's export into the tensors it shared with this worker alone."""
+        tensors. A candidate: from its class, built with ``torch.nn.init``'s functions
+        skipped (:func:`skip_init`: a buffer it fills with them must be in its state_dict), loading the state_dict the judge copied from the baseline's export
+        into the tensors it shared with this worker alone."""
         from kb_nano.operators.base import DTYPES
 
         scenario = msg["scenario"]
@@ -95,16 +97,22 @@ class Side:
             params = [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in self.module.state_dict().items()]
             return {"ok": True, "params": params}
         try:
-            module = self.cls(**init_args)
+            # its parameters are the baseline's (loaded next): torch.nn.init's functions are
+            # skipped while it is built, as transformers' from_pretrained builds a model
+            with skip_init():
+                module = self.cls(**init_args)
         except Exception as exc:
             return {"violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {explain(exc)}"]}
         try:
+            # moved and cast first: its (unset) parameters take the loaded values in place,
+            # device to device (the same values as loading first, the cast being exact)
+            module = module.to(device=self.device, dtype=dtype)
             module.load_state_dict(dict(zip(msg["names"], self.params)), strict=True)
         except Exception as exc:
-            return {"violation": ["import_error", f"state_dict does not match the baseline's: {explain(exc)}"]}
+            return {"violation": ["import_error", f"moving it to the device and dtype, or loading the baseline's state_dict: {explain(exc)}"]}
         finally:
             self.params = []
-        self.module = module.to(device=self.device, dtype=dtype).eval()
+        self.module = module.eval()
         return {"ok": True, "violation": self.check_guard("while building the module")}
 
     def export(self, tensors: list[torch.Tensor]) -> None:
@@ -122,7 +130,9 @@ class Side:
         self.held.clear()
         self.held_bytes = 0
         if self.role == "candidate":
-            gc.collect()  # a candidate's reference cycles; the caching allocator keeps the freed blocks
+            gc.collect()  # a candidate's reference cycles (what the worker imported is frozen: gc.freeze)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # an idle worker keeps its context, not the scenario's memory
 
     def check_guard(self, when: str):
         return self.guard.check(when) if self.guard is not None else None
@@ -174,17 +184,18 @@ class Side:
             out = self.call(k)
         except Exception as exc:
             return {"violation": ["runtime_error", f"{when}: {explain(exc)}"]}
-        watch = checks.ThreadWatch(threads)
+        threads_left = checks.ThreadWatch(threads)
         invalid = checks.invalid_outputs(out, self.device)
         snap = None if invalid else checks.snapshot(out)
         held = list(self.held)
         inputs = dict(zip(names, self.inputs[k]))
         allowed = tuple(self.op.mutable_inputs)
+        wait_s = WAIT_AFTER_RETURN_S if watch else 0.0
         for rule in (
             lambda: invalid,
             lambda: self.check_guard(f"{when}, during the call"),
-            lambda: checks.changed_after_return(out, snap, self.device, WAIT_AFTER_RETURN_S if watch else 0.0),
-            watch.check,
+            lambda: checks.changed_after_return(out, snap, self.device, wait_s),
+            threads_left.check,
             lambda: checks.aliased_outputs(out, inputs, allowed, held),
             lambda: checks.mutated_inputs(before, inputs, allowed),
         ):
@@ -251,6 +262,30 @@ class Side:
             return "output_aliased", ("an output of a timed call shares memory with the output of an earlier call: "
                                       "a reused buffer is overwritten by the next call")
         return None
+
+
+@contextlib.contextmanager
+def skip_init():
+    """``torch.nn.init``'s in-place initializers (``normal_``, ``kaiming_uniform_``, ...)
+    do nothing inside: a module whose parameters are loaded afterwards is built without
+    drawing them (an embedding of 128256 x 4096 takes 1.9 s to draw on a CPU). This is
+    what transformers' ``no_init_weights`` does to torch (without its ``PreTrainedModel``
+    part, which would import transformers' modeling code into every worker)."""
+    from torch.nn import init
+
+    names = [n for n, f in vars(init).items() if n.endswith("_") and not n.startswith("_") and callable(f)]
+    saved = {n: getattr(init, n) for n in names}
+    try:
+        for n in names:
+            setattr(init, n, _no_init)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(init, n, f)
+
+
+def _no_init(tensor, *args, **kwargs):
+    return tensor
 
 
 def explain(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ watcher threads start, then the candidate is imported.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -176,6 +177,10 @@ def main(conn, spec: dict) -> None:
     ready = {"sandbox": sandbox, "allow_tf32": allow_tf32, "num_threads": torch.get_num_threads(), "pid": os.getpid()}
     if candidate:
         ready["violation"] = _load(side, spec)
+    # what exists now (torch, the candidate's module) lives as long as the worker: the
+    # collections after each scenario (Side.teardown) need not scan it again
+    gc.collect()
+    gc.freeze()
     _reply(conn, ready)
     while True:
         try:

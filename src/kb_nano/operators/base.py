@@ -68,17 +68,22 @@ class Operator:
 # Correctness tolerances (atol, rtol) per operator numerics class and dtype; a candidate
 # passes when every element has |cand - ref| <= atol + rtol * |ref| (torch.allclose).
 # - pointwise: elementwise ops and one-row reductions (norms, activations, rotary,
-#   embedding): at most a few roundings of the output. bf16 1e-2 (vLLM's kernel tests for
-#   bf16; one bf16 ulp is <= 2^-7 = 0.0078 relative), fp16 1e-3 (3 more mantissa bits),
-#   fp32 1e-5.
+#   embedding): at most a few roundings of the output. bf16 atol 1e-2 (vLLM's kernel tests)
+#   and rtol 1.6e-2, fp16 1e-3 / 2e-3, fp32 1e-5. rtol is two units in the last place at
+#   the bottom of a binade (2 * eps: 2^-6 for bf16, 2^-9 for fp16; torch.testing's
+#   default rtol for bf16 is the same 1.6e-2): two correct kernels whose fp32 reductions
+#   add in different orders round a value to neighbouring numbers, and the next rounding
+#   (the weight multiply of a norm) can widen that to two ulps. vLLM's tests compare one
+#   call with rtol 1e-2; kb-nano compares every element of every timed call (millions),
+#   where the two-ulp case does come up (an honest numba rms_norm: 1 of 3,276,800
+#   elements at 1.6 % relative, `tests/test_adversarial.py`).
 # - gemm: one long fp32-accumulated dot product rounded once (lm_head): the same bf16/fp16
-#   bounds (one output ulp), fp32 1e-4 because the reduction order over K = hidden_size
-#   terms is free.
+#   bounds, fp32 1e-4 because the reduction order over K = hidden_size terms is free.
 # - fused: blocks that round intermediates to the model dtype and then reduce over them
 #   again (attention: probabilities rounded before P @ V and summed over the context;
 #   mlp / fused_moe: activation rounded before the down projection over intermediate_size
-#   terms, expert outputs summed): bf16 atol 2e-2 / rtol 1e-2, as vLLM's flash-attention
-#   and fused-MoE tests use (atol 2e-2), fp16 4e-3 / 2e-3, fp32 1e-4 / 1e-4.
+#   terms, expert outputs summed): bf16 atol 2e-2 (vLLM's flash-attention and fused-MoE
+#   tests) / rtol 1.6e-2 (two ulps, above), fp16 4e-3 / 2e-3, fp32 1e-4 / 1e-4.
 # - rotary: x1*cos - x2*sin rounds each product to the model dtype in the baseline
 #   (vLLM's forward_native) before the difference; where the products cancel, the
 #   baseline's own error is one ulp of the products, not of the output: for N(0, 1)
@@ -87,10 +92,10 @@ class Operator:
 #   candidate vs fp64 0.0156, so atol 0.04 (bf16), 0.005 (fp16: 2^-8 with margin).
 # - exact: integer outputs (sampled token ids) must be equal.
 TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
-    "pointwise": {"bfloat16": (1e-2, 1e-2), "float16": (1e-3, 1e-3), "float32": (1e-5, 1e-5)},
-    "gemm": {"bfloat16": (1e-2, 1e-2), "float16": (1e-3, 1e-3), "float32": (1e-4, 1e-4)},
-    "fused": {"bfloat16": (2e-2, 1e-2), "float16": (4e-3, 2e-3), "float32": (1e-4, 1e-4)},
-    "rotary": {"bfloat16": (4e-2, 1e-2), "float16": (5e-3, 1e-3), "float32": (1e-5, 1e-5)},
+    "pointwise": {"bfloat16": (1e-2, 1.6e-2), "float16": (1e-3, 2e-3), "float32": (1e-5, 1e-5)},
+    "gemm": {"bfloat16": (1e-2, 1.6e-2), "float16": (1e-3, 2e-3), "float32": (1e-4, 1e-4)},
+    "fused": {"bfloat16": (2e-2, 1.6e-2), "float16": (4e-3, 2e-3), "float32": (1e-4, 1e-4)},
+    "rotary": {"bfloat16": (4e-2, 1.6e-2), "float16": (5e-3, 2e-3), "float32": (1e-5, 1e-5)},
     "exact": {"bfloat16": (0.0, 0.0), "float16": (0.0, 0.0), "float32": (0.0, 0.0)},
 }
 
