@@ -268,7 +268,8 @@ class Side:
 def skip_init():
     """``torch.nn.init``'s in-place initializers (``normal_``, ``kaiming_uniform_``, ...)
     do nothing inside: a module whose parameters are loaded afterwards is built without
-    drawing them (an embedding of 128256 x 4096 takes 1.9 s to draw on a CPU). This is
+    drawing them (``normal_`` over a 128256 x 4096 embedding: 2.0 s on one core of the 2-core
+    AMD EPYC, ``torch.empty(128256 * 4096).normal_()``). This is
     what transformers' ``no_init_weights`` does to torch (without its ``PreTrainedModel``
     part, which would import transformers' modeling code into every worker)."""
     from torch.nn import init
