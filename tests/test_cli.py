@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -155,3 +156,41 @@ def test_garbage_tracking_uri_is_an_error(work):
     out = subprocess.run([sys.executable, "-m", "kb_nano.cli", "kernels", "--dry-run"], cwd=work, capture_output=True,
                          text=True, env={**os.environ, "KB_NANO_ROOT": str(work), "MLFLOW_TRACKING_URI": "garbage!!"})
     assert out.returncode == 2 and "not an MLflow store" in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_kb_nano_alone_stops_the_whole_run(tmp_path, sig):
+    # kill -INT / -TERM to the kb_nano process only (a script, nohup, a scheduler): the
+    # Snakemake run below it stops too, keeps what finished and leaves no process behind
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    work = copy_workflow(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kb_nano.cli", "kernels", "--target", "embedding", "--model", "llama31-8b", "qwen3-8b",
+         "--tp", "1", "4", "--num-tokens", "1", "64"],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "KB_NANO_ROOT": str(work)}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((work / "results/logs/kernels").rglob("*.log")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # a kernel job is running
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        assert descendants, "no Snakemake process started"
+        t0 = time.monotonic()
+        os.kill(proc.pid, getattr(signal, sig))
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 130, out
+        assert time.monotonic() - t0 < 15, "took too long to stop (the run itself takes ~40 s)"
+        assert "interrupted" in out and "Traceback" not in out.split("WorkflowError")[-1]
+        time.sleep(1)
+        assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not (work / ".snakemake/locks").exists() or not any((work / ".snakemake/locks").iterdir())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

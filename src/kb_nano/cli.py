@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -230,18 +231,39 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         cmd += passthrough
         if args.verbose:
             print("+ " + " ".join(cmd), file=sys.stderr)
-        proc = subprocess.Popen(cmd, cwd=root, env=env)
+        # Snakemake runs in a process group of its own, which gets exactly one SIGINT when
+        # this process is interrupted (Ctrl-C, kill -INT or SIGTERM to it alone, SIGHUP)
+        # and when it dies (PR_SET_PDEATHSIG), so its jobs stop, finished shards stay and
+        # its lock is released however kb_nano was stopped.
+        proc = subprocess.Popen(cmd, cwd=root, env=env, process_group=0, preexec_fn=_interrupt_when_parent_dies)
+        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             return proc.wait()
         except KeyboardInterrupt:
-            # The terminal's Ctrl-C reached Snakemake too: give it time to stop its jobs,
-            # keep finished shards and release its lock before we leave.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                proc.terminate()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait()
             raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_when_parent_dies() -> None:
+    """In the Snakemake child, before exec: SIGINT when kb_nano dies, even by SIGKILL."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
 
 
 def cmd_list(args) -> int:
