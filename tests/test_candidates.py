@@ -626,21 +626,27 @@ def test_shard_key_is_never_read_half_written(tmp_path):
     assert [p.name for p in (tmp_path / "results/.kb_nano").iterdir()] == ["shard.key"]
 
 
-def test_skip_init_turns_torch_init_off_inside_only():
+def test_skip_init_defers_torch_init_to_tensors_outside_the_state_dict():
     from kb_nano.kernels.worker import skip_init
 
+    class Built(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(64, 64))
+            torch.nn.init.normal_(self.weight)  # loaded from the baseline next: never drawn
+            self.register_buffer("scale", torch.zeros(4), persistent=False)
+            torch.nn.init.ones_(self.scale)  # not in the state_dict: drawn after the build
+
     normal = torch.nn.init.normal_
-    t = torch.zeros(2, 2)
-    with skip_init():
-        torch.nn.init.normal_(t)
-        torch.nn.init.kaiming_uniform_(t)
-        assert bool((t == 0).all())  # a candidate's constructor draws nothing its state_dict overwrites
+    with skip_init() as deferred:
+        module = Built()
+        assert bool((module.weight == 0).all()) and bool((module.scale == 0).all())
     assert torch.nn.init.normal_ is normal
+    deferred.replay(module)
+    assert bool((module.weight == 0).all()) and bool((module.scale == 1).all())
     with pytest.raises(ValueError), skip_init():
         raise ValueError("a failing constructor")
     assert torch.nn.init.normal_ is normal
-    torch.nn.init.normal_(t)
-    assert not bool((t == 0).all())
 
 
 @pytest.mark.slow

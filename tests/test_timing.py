@@ -180,6 +180,16 @@ def test_namespaces_detect_replaced_clock_precision_and_hooks():
         timing._perf_counter_ns = lambda: 0
         status, msg = g.check("after timing")
         assert status == "tampered" and "kb_nano.kernels.timing._perf_counter_ns" in msg
+        # a "wrapper" that claims torch's files and wraps the real clock is no exception
+        import os
+
+        def forged():
+            return real() - 2500
+
+        forged.__code__ = forged.__code__.replace(co_filename=os.path.join(os.path.dirname(torch.__file__), "_utils.py"))
+        forged.__wrapped__ = real
+        timing._perf_counter_ns = forged
+        assert g.check("after the forged wrapper")[0] == "tampered"
     finally:
         timing._perf_counter_ns = real
     assert g.check("now") is None

@@ -79,8 +79,9 @@ class Side:
         parameter seed, constant parameters randomized; the reply lists its state_dict
         (``params``: name, shape, dtype), which the judge then has it export into shared
         tensors. A candidate: from its class, built with ``torch.nn.init``'s functions
-        skipped (:func:`skip_init`: a buffer it fills with them must be in its state_dict), loading the state_dict the judge copied from the baseline's export
-        into the tensors it shared with this worker alone."""
+        deferred (:func:`skip_init`: only the calls on tensors outside its state_dict run),
+        loading the state_dict the judge copied from the baseline's export into the tensors
+        it shared with this worker alone."""
         from kb_nano.operators.base import DTYPES
 
         scenario = msg["scenario"]
@@ -99,8 +100,9 @@ class Side:
         try:
             # its parameters are the baseline's (loaded next): torch.nn.init's functions are
             # skipped while it is built, as transformers' from_pretrained builds a model
-            with skip_init():
+            with skip_init() as deferred:
                 module = self.cls(**init_args)
+            deferred.replay(module)
         except Exception as exc:
             return {"violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {explain(exc)}"]}
         try:
@@ -264,29 +266,55 @@ class Side:
         return None
 
 
+class _Deferred:
+    """The ``torch.nn.init`` calls :func:`skip_init` skipped: ``(function, tensor, args,
+    kwargs)``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def replay(self, module: torch.nn.Module) -> None:
+        """Run the skipped calls whose tensor shares no storage with ``module``'s
+        ``state_dict`` (a non-persistent buffer, a plain tensor attribute): what
+        ``load_state_dict`` overwrites is not drawn, everything else is as built."""
+        loaded = {t.untyped_storage().data_ptr() for t in module.state_dict().values() if t.numel()}
+        for fn, tensor, args, kwargs in self.calls:
+            if not tensor.numel() or tensor.untyped_storage().data_ptr() not in loaded:
+                with torch.no_grad():
+                    fn(tensor, *args, **kwargs)
+        self.calls = []
+
+
 @contextlib.contextmanager
 def skip_init():
     """``torch.nn.init``'s in-place initializers (``normal_``, ``kaiming_uniform_``, ...)
-    do nothing inside: a module whose parameters are loaded afterwards is built without
+    are deferred inside: a module whose parameters are loaded afterwards is built without
     drawing them (``normal_`` over a 128256 x 4096 embedding: 2.0 s on one core of the 2-core
-    AMD EPYC, ``torch.empty(128256 * 4096).normal_()``). This is
-    what transformers' ``no_init_weights`` does to torch (without its ``PreTrainedModel``
-    part, which would import transformers' modeling code into every worker)."""
+    AMD EPYC, ``torch.empty(128256 * 4096).normal_()``). Yields a :class:`_Deferred`
+    whose ``replay(module)`` then runs the calls on tensors outside the module's
+    state_dict. transformers' ``no_init_weights`` skips them the same way (without the
+    replay, and with a ``PreTrainedModel`` part that would import transformers' modeling
+    code into every worker)."""
     from torch.nn import init
 
     names = [n for n, f in vars(init).items() if n.endswith("_") and not n.startswith("_") and callable(f)]
     saved = {n: getattr(init, n) for n in names}
+    deferred = _Deferred()
+
+    def later(fn):
+        def skipped(tensor, *args, **kwargs):
+            if isinstance(tensor, torch.Tensor):
+                deferred.calls.append((fn, tensor, args, kwargs))
+            return tensor
+        return skipped
+
     try:
         for n in names:
-            setattr(init, n, _no_init)
-        yield
+            setattr(init, n, later(saved[n]))
+        yield deferred
     finally:
         for n, f in saved.items():
             setattr(init, n, f)
-
-
-def _no_init(tensor, *args, **kwargs):
-    return tensor
 
 
 def explain(exc: BaseException) -> str:
