@@ -190,6 +190,13 @@ def test_namespaces_detect_replaced_clock_precision_and_hooks():
         forged.__wrapped__ = real
         timing._perf_counter_ns = forged
         assert g.check("after the forged wrapper")[0] == "tampered"
+        # nor does swapping the guard's own comparison rules blind it
+        rules = guard._same, guard._exact
+        try:
+            guard._same = guard._exact = lambda *a: True
+            assert "_perf_counter_ns" in g.check("after swapping the rules")[1]
+        finally:
+            guard._same, guard._exact = rules
     finally:
         timing._perf_counter_ns = real
     assert g.check("now") is None

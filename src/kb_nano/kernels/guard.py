@@ -59,83 +59,6 @@ def _global_state() -> dict[str, object]:
     }
 
 
-class Namespaces:
-    """A snapshot of every object the baseline or the worker looks up by name, to detect a
-    candidate that replaces one (``tampered``). Taken before the candidate is imported.
-
-    Watched: the attributes (inherited ones too) of ``time``, ``torch``, ``torch.Tensor``,
-    ``torch.nn.functional``, ``torch.nn.Module``, ``torch.cuda``, ``torch.cuda.Event``,
-    ``numpy``, ``builtins``, the worker's classes; the module globals (and their
-    functions' code objects) of :data:`HARNESS_MODULES`; ``baseline``'s class
-    attributes (its whole MRO) and its module's globals; the switches of
-    :func:`_global_state`. Names that appear later (lazily imported submodules) are
-    allowed; replaced or deleted ones are not."""
-
-    def __init__(self, baseline: type | None = None) -> None:
-        import torch.nn.functional as F
-
-        import builtins
-
-        self._objects = {
-            "time": time, "torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": F,
-            "torch.nn.Module": torch.nn.Module, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
-            "numpy": np, "builtins": builtins,
-            # the harness's own classes (a replaced method would switch a check off)
-            "kb_nano.kernels.guard.Namespaces": Namespaces,
-        }
-        for module in HARNESS_MODULES:
-            for name, obj in vars(sys.modules.get(module, object())).items():
-                if isinstance(obj, type) and obj.__module__ == module:
-                    self._objects[f"{module}.{name}"] = obj
-        self._modules = [m for m in HARNESS_MODULES if m in sys.modules]
-        if baseline is not None:
-            for cls in baseline.__mro__:
-                if cls is not object:
-                    self._objects[f"{cls.__module__}.{cls.__qualname__}"] = cls
-            self._modules.append(baseline.__module__)
-        self._before = self._take()
-
-    def _take(self) -> dict[str, dict]:
-        snap = {}
-        for name, obj in self._objects.items():
-            snap[name] = _stored(obj)
-            if isinstance(obj, type) and obj.__module__.startswith("kb_nano"):
-                snap[name].update({f"{k}.__code__": v.__code__ for k, v in snap[name].items() if _ours(v)})
-        for name in self._modules:
-            module = sys.modules.get(name)
-            if module is not None:
-                snap[name] = dict(vars(module))
-                # a function's code can be swapped without replacing the function object
-                snap[name].update({f"{k}.__code__": v.__code__ for k, v in vars(module).items() if _ours(v)})
-        snap["precision"] = _global_state()
-        return snap
-
-    def changed(self, _take=_take) -> list[str]:
-        """Names whose object (or flag value) differs from the snapshot. (Methods are
-        bound through default arguments when the class is created, before any
-        candidate: replacing ``Namespaces._take``/``changed`` does not blind the guard.)"""
-        now = _take(self)
-        out = []
-        for ns, names in self._before.items():
-            cur = now.get(ns, {})
-            for k, v in names.items():
-                if ns == "precision":
-                    if cur.get(k) != v:
-                        out.append(f"{k} ({v!r} -> {cur.get(k)!r})")
-                elif k not in cur or not (_exact if _strict(ns, v, self._modules) else _same)(v, cur[k]):
-                    out.append(f"{ns}.{k}")
-        return out
-
-    def check(self, when: str, _changed=changed) -> Violation:
-        """``("tampered", message)`` when anything changed since the snapshot."""
-        changed = _changed(self)
-        if not changed:
-            return None
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        return "tampered", (f"{when}, the candidate changed {', '.join(changed[:3])}{more}: the harness's timer, "
-                            "statistics, precision settings and the baseline's functions must stay as they were")
-
-
 def _stored(obj) -> dict:
     """The objects stored under ``obj``'s names, as ``inspect.getattr_static`` finds them
     (the stored object itself: a classmethod is re-bound on each getattr), read straight
@@ -206,3 +129,80 @@ def _in_torch(obj) -> bool:
     return code is not None and os.path.abspath(code.co_filename).startswith(_TORCH_DIR)
 
 
+class Namespaces:
+    """A snapshot of every object the baseline or the worker looks up by name, to detect a
+    candidate that replaces one (``tampered``). Taken before the candidate is imported.
+
+    Watched: the attributes (inherited ones too) of ``time``, ``torch``, ``torch.Tensor``,
+    ``torch.nn.functional``, ``torch.nn.Module``, ``torch.cuda``, ``torch.cuda.Event``,
+    ``numpy``, ``builtins``, the worker's classes; the module globals (and their
+    functions' code objects) of :data:`HARNESS_MODULES`; ``baseline``'s class
+    attributes (its whole MRO) and its module's globals; the switches of
+    :func:`_global_state`. Names that appear later (lazily imported submodules) are
+    allowed; replaced or deleted ones are not."""
+
+    def __init__(self, baseline: type | None = None) -> None:
+        import torch.nn.functional as F
+
+        import builtins
+
+        self._objects = {
+            "time": time, "torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": F,
+            "torch.nn.Module": torch.nn.Module, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
+            "numpy": np, "builtins": builtins,
+            # the harness's own classes (a replaced method would switch a check off)
+            "kb_nano.kernels.guard.Namespaces": Namespaces,
+        }
+        for module in HARNESS_MODULES:
+            for name, obj in vars(sys.modules.get(module, object())).items():
+                if isinstance(obj, type) and obj.__module__ == module:
+                    self._objects[f"{module}.{name}"] = obj
+        self._modules = [m for m in HARNESS_MODULES if m in sys.modules]
+        if baseline is not None:
+            for cls in baseline.__mro__:
+                if cls is not object:
+                    self._objects[f"{cls.__module__}.{cls.__qualname__}"] = cls
+            self._modules.append(baseline.__module__)
+        self._before = self._take()
+
+    def _take(self) -> dict[str, dict]:
+        snap = {}
+        for name, obj in self._objects.items():
+            snap[name] = _stored(obj)
+            if isinstance(obj, type) and obj.__module__.startswith("kb_nano"):
+                snap[name].update({f"{k}.__code__": v.__code__ for k, v in snap[name].items() if _ours(v)})
+        for name in self._modules:
+            module = sys.modules.get(name)
+            if module is not None:
+                snap[name] = dict(vars(module))
+                # a function's code can be swapped without replacing the function object
+                snap[name].update({f"{k}.__code__": v.__code__ for k, v in vars(module).items() if _ours(v)})
+        snap["precision"] = _global_state()
+        return snap
+
+    def changed(self, _take=_take, _same=_same, _exact=_exact, _strict=_strict) -> list[str]:
+        """Names whose object (or flag value) differs from the snapshot. (Methods and the
+        comparison rules are bound through default arguments when the class is created,
+        before any candidate: replacing ``Namespaces._take``/``changed`` or the module's
+        ``_same``/``_exact``/``_strict`` does not blind the guard, and any other helper
+        of this module is one of the strictly watched globals.)"""
+        now = _take(self)
+        out = []
+        for ns, names in self._before.items():
+            cur = now.get(ns, {})
+            for k, v in names.items():
+                if ns == "precision":
+                    if cur.get(k) != v:
+                        out.append(f"{k} ({v!r} -> {cur.get(k)!r})")
+                elif k not in cur or not (_exact if _strict(ns, v, self._modules) else _same)(v, cur[k]):
+                    out.append(f"{ns}.{k}")
+        return out
+
+    def check(self, when: str, _changed=changed) -> Violation:
+        """``("tampered", message)`` when anything changed since the snapshot."""
+        changed = _changed(self)
+        if not changed:
+            return None
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        return "tampered", (f"{when}, the candidate changed {', '.join(changed[:3])}{more}: the harness's timer, "
+                            "statistics, precision settings and the baseline's functions must stay as they were")
