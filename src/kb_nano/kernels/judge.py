@@ -61,8 +61,7 @@ class Verdict(Exception):
 
 
 # what a candidate's worker may report about its own candidate (anything else is forged)
-WORKER_VERDICTS = {"import_error", "skipped", "runtime_error", "incorrect_shape", "tampered", "invalid_output",
-                   "output_aliased", "input_mutated", "unsynced_work"}
+WORKER_VERDICTS = {"import_error", "skipped", "runtime_error", "incorrect_shape", "tampered", "invalid_output", "output_aliased", "input_mutated", "unsynced_work"}
 
 
 def _ask(worker: WorkerHandle, msg: dict, deadline: float, shared=None) -> dict:
@@ -104,7 +103,7 @@ class Measurement:
         self.worst = [0.0, 0.0]
         self.compared = False  # whether any output was compared (rows of earlier failures carry no error)
         self.shared: list[SharedTensors] = []
-        self.phases: dict[str, float] = {}  # seconds per step, for the job log
+        self.phases: dict[str, float] = {}  # seconds per step (prepare, measure._run), for the job log
 
     def close(self) -> None:
         for s in self.shared:
@@ -311,7 +310,6 @@ class Measurement:
         if changed:
             raise Verdict("tampered", "the baseline worker's CPU affinity or scheduling was changed during the "
                           "measurement (restored): only the candidate's process could have done it")
-
 
     def more(self, out: dict, batches: int) -> None:
         """``batches`` more ABAB batches of the current size, appended to ``out``."""
