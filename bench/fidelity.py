@@ -1,43 +1,86 @@
-"""Timing fidelity on a GPU: kb-nano's median vs ``triton.testing.do_bench``, and achieved
-bandwidth vs the device's measured copy bandwidth (issue 7, bench/FIDELITY.md).
+"""Timer fidelity on a GPU: kb-nano's three timers against independent ones, and run-to-run
+reproducibility (bench/FIDELITY.md).
 
-    python bench/fidelity.py                       # rms_norm, silu_and_mul, attention on Llama-3.1-8B, TP 1
-    python bench/fidelity.py --num-tokens 1 4096 --json fidelity.json
+    python bench/fidelity.py --out fidelity/           # Llama-3.1-8B TP 1, 4 operators, 7 token counts
+    python bench/fidelity.py --targets rms_norm --num-tokens 1 4096 --sweeps 1 --no-ncu
 
-For every scenario (from kb-nano's own manifest) and for the baseline and one candidate
-of the operator, on the same module and the same input shapes:
+Rows: every (scenario, shipped candidate) of ``--targets`` on ``--model`` (kb-nano's own
+manifest; attention prefill up to ``--max-prefill-tokens`` and decode up to
+``--max-decode-tokens`` sequences against a ``--context-lens`` KV cache). Each row is
+measured by kb-nano exactly as a kernel job measures it (:func:`kb_nano.kernels.measure.measure`),
+``--sweeps`` times back to back, then re-timed outside kb-nano:
 
-- kb-nano: the Tier-1 engine exactly as a kernel job runs it (:func:`kb_nano.kernels.measure.measure`:
-  judge and worker processes, fresh input values before every batch, L2 flushed before
-  every call, CUDA events; the row's ``baseline_ms`` / ``candidate_ms`` medians);
-- Triton: ``triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")``
-  (its own 256 MB L2 flush, fixed inputs).
+- **kernel time vs ncu**: one process under Nsight Compute (``ncu --metrics
+  gpu__time_duration.sum --cache-control none --clock-control none``) runs each module
+  ``NCU_CALLS`` times, each call after a marker kernel (``torch.cuda._sleep``) and kb-nano's
+  read flush; a call's ncu time is the sum of its kernels' ``gpu__time_duration``, median
+  over the calls. ``--cache-control none`` with kb-nano's flush before each call, rather than
+  ``--cache-control all``: ncu's own flush runs before *every* kernel, so a multi-kernel
+  call would re-read its intermediates from memory; kb-nano's (and a model's) calls find
+  them in L2. Agreement: within 5 % for calls >= 10 us, within 1 us below.
+- **graph time vs do_bench_cudagraph**: ``triton.testing.do_bench_cudagraph`` of a function
+  that rotates over as many input sets as the row's ``graph_calls`` (so both replay the
+  same rotating workload), median mode. Agreement: within 5 %.
+- **reproducibility**: the speedup of sweep 2 against sweep 1: the relative difference
+  and whether sweep 2's speedup lies in sweep 1's interval.
+- **flush**: CUPTI kernel time of each single-kernel candidate at the largest token count
+  after a zeroing flush and after kb-nano's reading flush, next to ncu.
 
-Each is run ``--repeats`` times, alternating, and the median of the repeats is compared:
-``ratio = kb_nano / do_bench``; a row agrees when ``|ratio - 1| <= 3%``. For each row the
-achieved bandwidth ``bytes_moved / median`` (the operator's minimum traffic, GB/s) is
-printed next to the copy bandwidth :func:`kb_nano.roofline.measure_peaks` measured.
-Prints a Markdown table; exits 1 when a row disagrees. Needs CUDA and Triton.
+Writes ``rows.json`` and ``report.md`` under ``--out`` and prints the report. Needs CUDA,
+Triton and (for the ncu table) ``ncu``; exits 1 when a row disagrees.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-CANDIDATES = {"rms_norm": "triton_rowwise", "silu_and_mul": "triton_fused", "attention": "gqa_grouped"}
-TOLERANCE = 0.03
+NCU_CALLS = 5
+KERNEL_REL, KERNEL_ABS_MS, GRAPH_REL = 0.05, 0.001, 0.05
 
 
-def modules(scenario: dict, device: torch.device):
-    """Baseline and candidate modules of a scenario, same weights, on ``device``."""
+def rows_of(a) -> list[tuple[dict, str]]:
+    """(scenario, candidate id) pairs of the run."""
+    from kb_nano.manifest import generate
+
+    manifest = generate([a.model], [1], a.num_tokens, "auto", REPO, context_lens=a.context_lens)
+    out = []
+    for s in manifest["scenarios"]:
+        if not s.get("applicable", True) or s["target"] not in a.targets:
+            continue
+        if s.get("context_len") and s["num_tokens"] > a.max_decode_tokens:
+            continue
+        if s["target"] == "attention" and not s.get("context_len") and s["num_tokens"] > a.max_prefill_tokens:
+            continue
+        for f in sorted((REPO / "candidates" / s["target"]).glob("*.py")):
+            out.append((s, f"{s['target']}/{f.stem}"))
+    return out
+
+
+def settings() -> dict:
+    """A kernel job's settings (config/config.yaml defaults)."""
+    return {"device": "cuda", "atol": None, "rtol": None, "num_warmup": 10, "num_runs": 100, "num_trials": 3,
+            "num_threads": 1, "timeout_s": 600, "seed": None, "golden": None, "cuda_graph": True,
+            "speedup_basis": "auto", "ci_target": 0.01, "max_timing_s": 1.0, "float32_matmul_precision": "highest",
+            "memory_limit_gb": None, "roofline": None}
+
+
+def modules(scenario: dict, candidate: str, device: torch.device) -> dict:
+    """The baseline and the candidate module of a row, the same parameters, as the workers
+    build them."""
     from kb_nano import operators
     from kb_nano.candidates import load_class
     from kb_nano.kernels.inputs import randomize_constant_parameters
@@ -48,108 +91,268 @@ def modules(scenario: dict, device: torch.device):
     torch.manual_seed(0)
     base = op.baseline(**scenario["init_args"])
     randomize_constant_parameters(base, 0)
-    out = {"baseline": base.to(device=device, dtype=dtype).eval()}
-    name = CANDIDATES.get(scenario["target"])
-    if name:
-        cls = load_class(REPO / "candidates" / scenario["target"] / f"{name}.py", scenario["target"])
-        cand = cls(**scenario["init_args"])
-        cand.load_state_dict(base.state_dict())
-        out[f"{scenario['target']}/{name}"] = cand.to(device=device, dtype=dtype).eval()
+    base = base.to(device=device, dtype=dtype).eval()
+    cls = load_class(REPO / "candidates" / f"{candidate}.py", scenario["target"])
+    cand = cls(**scenario["init_args"]).to(device=device, dtype=dtype)
+    cand.load_state_dict(base.state_dict())
+    return {"baseline": base, "candidate": cand.eval()}
+
+
+def input_sets(scenario: dict, device: torch.device, k: int) -> list[list]:
+    from kb_nano.kernels.inputs import generator, make_inputs
+
+    gen = generator(device, 0)
+    return [make_inputs(scenario, gen, str(device), None, REPO, draw=i)[0] for i in range(k)]
+
+
+def slots(scenario: dict, eager_ms: float, device: torch.device) -> int:
+    """How many input slots the judge gives this scenario (:func:`kb_nano.kernels.judge.batch_calls`)."""
+    from kb_nano.kernels.judge import batch_calls
+    from kb_nano.operators.base import spec_bytes
+
+    return batch_calls(eager_ms, 3 * sum(spec_bytes(s) for s in scenario["inputs"]), device, 100)
+
+
+def do_bench_graph_ms(module, sets: list[list]) -> float:
+    """``do_bench_cudagraph`` (median) of a function rotating over ``sets``."""
+    import triton.testing
+
+    i = [0]
+
+    def fn():
+        module(*sets[i[0] % len(sets)])
+        i[0] += 1
+
+    with torch.inference_mode():
+        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+
+
+def flush_compare_us(module, inputs: list, device: torch.device, calls: int = 30) -> dict:
+    """Median CUPTI kernel time (us) of ``module`` after a zeroing and after a reading
+    flush of kb-nano's size."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from kb_nano.kernels.timing import L2Flush
+
+    read = L2Flush(device)
+    zero = torch.empty(read.nbytes, dtype=torch.int8, device=device)
+    out = {}
+    with torch.inference_mode():
+        for mode, flush in (("zero", zero.zero_), ("read", read)):
+            for _ in range(3):
+                flush()
+                module(*inputs)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    flush()
+                    torch.cuda._sleep(1000)  # a gap, so the call's kernel starts alone
+                    module(*inputs)
+                torch.cuda.synchronize()
+            names = {}
+            for e in prof.profiler.kineto_results.events():
+                if str(e.device_type()) == "DeviceType.CUDA":
+                    names.setdefault(e.name(), []).append(e.duration_ns() / 1e3)
+            mine = [v for n, v in names.items() if len(v) == calls and not any(
+                flush_part in n for flush_part in ("reduce_kernel", "spin", "elementwise", "Memset"))]
+            out[mode] = statistics.median(mine[0]) if len(mine) == 1 else None
     return out
 
 
-def do_bench_ms(scenario: dict, module, device: torch.device, repeats: int) -> float:
-    """Median over ``repeats`` of ``triton.testing.do_bench`` (median mode) of one module."""
-    import triton.testing
+def ncu_child(spec_path: str) -> None:
+    """Runs under ncu: every module of the rows, ``NCU_CALLS`` calls each, a marker kernel
+    and kb-nano's flush before each call; profiling only around those calls."""
+    from kb_nano.kernels.timing import L2Flush
 
-    from kb_nano.operators.base import make_tensor
-
-    gen = torch.Generator().manual_seed(0)
-    inputs = [make_tensor(s, gen, str(device)) for s in scenario["inputs"]]
+    device = torch.device("cuda")
+    jobs = json.loads(Path(spec_path).read_text())
+    flush = L2Flush(device)
+    built = []
     with torch.inference_mode():
-        return statistics.median(triton.testing.do_bench(lambda: module(*inputs), warmup=25, rep=100,
-                                                         return_mode="median") for _ in range(repeats))
+        for scenario, candidate in jobs:
+            mods = modules(scenario, candidate, device)
+            inputs = input_sets(scenario, device, 1)[0]
+            for who in ("baseline", "candidate"):
+                for _ in range(3):
+                    mods[who](*inputs)
+                built.append((mods[who], inputs))
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        for module, inputs in built:
+            for _ in range(NCU_CALLS):
+                torch.cuda._sleep(100)
+                flush()
+                module(*inputs)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
 
 
-def kb_nano_ms(scenario: dict, candidate: str, pool, num_runs: int, repeats: int) -> tuple[float, float]:
-    """Median over ``repeats`` kb-nano measurements of (baseline_ms, candidate_ms)."""
-    import tempfile
+def ncu_ms(jobs: list, out_dir: Path) -> list[tuple[float, float]] | str:
+    """Per job, (baseline, candidate) median ncu time of one call in ms; or why not."""
+    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    if not Path(ncu).exists():
+        return "ncu not found"
+    spec = out_dir / "ncu_jobs.json"
+    spec.write_text(json.dumps(jobs))
+    cmd = [ncu, "--profile-from-start", "off", "--cache-control", "none", "--clock-control", "none",
+           "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw",
+           sys.executable, str(Path(__file__).resolve()), "--ncu-child", str(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
+    (out_dir / "ncu.log").write_text(proc.stdout[-200000:] + "\n--- stderr ---\n" + proc.stderr[-20000:])
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
+    if proc.returncode != 0 or not lines:
+        return f"ncu failed (exit {proc.returncode}); see {out_dir / 'ncu.log'}"
+    table = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    kernels = [(r["Kernel Name"], r["gpu__time_duration.sum"]) for r in table if r.get("gpu__time_duration.sum")]
+    units = table[0].get("gpu__time_duration.sum") if table and not (table[0].get("ID") or "").isdigit() else "nsecond"
+    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}.get(units, 1e-6)
+    calls, cur = [], None
+    for name, value in kernels:
+        try:
+            v = float(value.replace(",", ""))
+        except ValueError:
+            continue
+        if "spin" in name:  # the marker: a new call; the next kernel is the flush
+            cur = {"skip": 1, "ms": 0.0}
+            calls.append(cur)
+        elif cur is not None and cur["skip"]:
+            cur["skip"] = 0
+        elif cur is not None:
+            cur["ms"] += v * scale
+    if len(calls) != 2 * NCU_CALLS * len(jobs):
+        return f"ncu gave {len(calls)} calls, expected {2 * NCU_CALLS * len(jobs)}; see {out_dir / 'ncu.log'}"
+    med = [statistics.median(c["ms"] for c in calls[i:i + NCU_CALLS]) for i in range(0, len(calls), NCU_CALLS)]
+    return [(med[2 * j], med[2 * j + 1]) for j in range(len(jobs))]
 
-    from kb_nano.kernels.measure import measure
 
-    settings = {"device": "cuda", "atol": None, "rtol": None, "num_warmup": 10, "num_runs": num_runs,
-                "num_trials": 3, "num_threads": 1, "timeout_s": 600, "seed": None, "golden": None,
-                "cuda_graph": False, "float32_matmul_precision": "highest", "memory_limit_gb": None, "roofline": None}
-    base, cand = [], []
-    path = REPO / "candidates" / f"{candidate}.py"
-    with tempfile.TemporaryFile() as log:
-        for _ in range(repeats):
-            row = measure(scenario, candidate, path, settings, pool.root, pool, log.fileno())
-            if row["status"] != "passed":
-                raise RuntimeError(f"{scenario['scenario_id']} {candidate}: {row['status']} ({row['error']})")
-            base.append(row["baseline_ms"])
-            cand.append(row["candidate_ms"])
-    return statistics.median(base), statistics.median(cand)
+def kernel_ok(kb: float, ref: float) -> bool:
+    return abs(kb - ref) <= (KERNEL_REL * ref if ref >= 0.010 else KERNEL_ABS_MS)
+
+
+def report(rows: list[dict], ncu_note: str | None, head: str) -> tuple[str, int]:
+    out, bad = [head, ""], 0
+    out += ["## Kernel time (CUPTI) vs ncu", "", "| row | side | kb-nano kernel ms | ncu ms | diff | agrees |",
+            "| --- | --- | ---: | ---: | ---: | :---: |"]
+    if ncu_note:
+        out.append(f"| ncu not run: {ncu_note} | | | | | |")
+    for r in rows:
+        for side in ("baseline", "candidate"):
+            kb, ref = r[f"{side}_kernel_ms"], r.get(f"ncu_{side}_ms")
+            if kb is None or ref is None:
+                continue
+            ok = kernel_ok(kb, ref)
+            bad += not ok
+            out.append(f"| {r['row']} | {side} | {kb:.4f} | {ref:.4f} | {100 * (kb / ref - 1):+.1f}% | "
+                       f"{'yes' if ok else '**no**'} |")
+    out += ["", "## Graph time vs do_bench_cudagraph", "", "| row | side | kb-nano graph ms | do_bench_cudagraph ms | "
+            "diff | agrees |", "| --- | --- | ---: | ---: | ---: | :---: |"]
+    for r in rows:
+        for side in ("baseline", "candidate"):
+            kb, ref = r[f"{side}_graph_ms"], r.get(f"dbcg_{side}_ms")
+            if kb is None or ref is None:
+                continue
+            ok = abs(kb / ref - 1) <= GRAPH_REL
+            bad += not ok
+            out.append(f"| {r['row']} | {side} | {kb:.4f} | {ref:.4f} | {100 * (kb / ref - 1):+.1f}% | "
+                       f"{'yes' if ok else '**no**'} |")
+    out += ["", "## Reproducibility: two back-to-back sweeps", "", "| row | basis | speedup, sweep 1 [95% interval] | "
+            "speedup, sweep 2 | diff | in interval 1 |", "| --- | --- | ---: | ---: | ---: | :---: |"]
+    diffs, inside = [], 0
+    for r in rows:
+        if r.get("speedup_2") is None:
+            continue
+        d = r["speedup_2"] / r["speedup"] - 1
+        ok = r["speedup_ci_low"] <= r["speedup_2"] <= r["speedup_ci_high"]
+        diffs.append(abs(d))
+        inside += ok
+        out.append(f"| {r['row']} | {r['speedup_basis']} | {r['speedup']:.3f} [{r['speedup_ci_low']:.3f}, "
+                   f"{r['speedup_ci_high']:.3f}] | {r['speedup_2']:.3f} | {100 * d:+.1f}% | {'yes' if ok else 'no'} |")
+    if diffs:
+        out += ["", f"Speedup difference between the sweeps: max {100 * max(diffs):.1f}%, median "
+                f"{100 * statistics.median(diffs):.1f}%; sweep 2 inside sweep 1's interval for {inside} of {len(diffs)} rows."]
+    flush = [r for r in rows if r.get("flush_us")]
+    if flush:
+        out += ["", "## Flush: CUPTI kernel time after zeroing vs reading the flush buffer", "",
+                "| row | after zeroing, us | after reading, us | ncu, us |", "| --- | ---: | ---: | ---: |"]
+        for r in flush:
+            f, n = r["flush_us"], r.get("ncu_candidate_ms")
+            zero = f"{f['zero']:.1f}" if f.get("zero") else "-"
+            read = f"{f['read']:.1f}" if f.get("read") else "-"
+            out.append(f"| {r['row']} | {zero} | {read} | {'-' if n is None else f'{1e3 * n:.1f}'} |")
+    return "\n".join(out), bad
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama31-8b")
-    parser.add_argument("--targets", nargs="+", default=["rms_norm", "silu_and_mul", "attention"])
-    parser.add_argument("--num-tokens", type=int, nargs="+", default=[1, 64, 1024, 4096])
+    parser.add_argument("--targets", nargs="+", default=["rms_norm", "silu_and_mul", "rotary_embedding", "attention"])
+    parser.add_argument("--num-tokens", type=int, nargs="+", default=[1, 16, 64, 256, 1024, 4096, 16384])
     parser.add_argument("--context-lens", type=int, nargs="+", default=[1024])
-    parser.add_argument("--max-decode-tokens", type=int, default=256,
-                        help="skip attention decode scenarios with more sequences (their KV cache is num_tokens x context)")
-    parser.add_argument("--num-runs", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--max-decode-tokens", type=int, default=256)
+    parser.add_argument("--max-prefill-tokens", type=int, default=4096)
+    parser.add_argument("--sweeps", type=int, default=2, choices=[1, 2])
+    parser.add_argument("--no-ncu", action="store_true")
+    parser.add_argument("--out", default=None, help="directory for rows.json, report.md and ncu.log")
+    parser.add_argument("--ncu-child", help=argparse.SUPPRESS)
     a = parser.parse_args()
-
-    from kb_nano.manifest import generate
-    from kb_nano.roofline import measure_peaks
-
-    device = torch.device("cuda")
-    manifest = generate([a.model], [1], a.num_tokens, "auto", REPO, context_lens=a.context_lens)
-    scenarios = [s for s in manifest["scenarios"] if s.get("applicable", True) and s["target"] in a.targets
-                 and not (s.get("context_len") and s["num_tokens"] > a.max_decode_tokens)]
-    import tempfile
-
+    if a.ncu_child:
+        ncu_child(a.ncu_child)
+        return 0
+    if not torch.cuda.is_available():
+        print("bench/fidelity.py: needs a CUDA device", file=sys.stderr)
+        return 2
+    from kb_nano.kernels.measure import measure
     from kb_nano.kernels.pool import Pool
 
-    peak = measure_peaks(device, torch.bfloat16)
+    out_dir = Path(a.out or tempfile.mkdtemp(prefix="kb_nano_fidelity-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda")
+    jobs = rows_of(a)
+    root = Path(tempfile.mkdtemp(prefix="kb_nano_fidelity_root-"))
+    (root / "results").mkdir()
+    pool = Pool("cuda", {"OMP_WAIT_POLICY": "PASSIVE"}, root)
     rows = []
-    pool = Pool("cuda", {"OMP_WAIT_POLICY": "PASSIVE"}, Path(tempfile.mkdtemp(prefix="kb_nano_fidelity-")))
     try:
-        for s in scenarios:
-            mods = modules(s, device)
-            cand = next((w for w in mods if w != "baseline"), None)
-            if cand is None:
-                continue
-            kb = dict(zip(("baseline", cand), kb_nano_ms(s, cand, pool, a.num_runs, a.repeats)))
-            for who, module in mods.items():
-                r = {"kb_nano_ms": kb[who], "do_bench_ms": do_bench_ms(s, module, device, a.repeats)}
-                r.update(scenario=s["scenario_id"], who=who, bytes_moved=s.get("bytes_moved"))
-                r["ratio"] = r["kb_nano_ms"] / r["do_bench_ms"]
-                r["gbps"] = s["bytes_moved"] / r["kb_nano_ms"] / 1e6 if s.get("bytes_moved") else None
-                rows.append(r)
-                print(json.dumps(r), file=sys.stderr, flush=True)
+        with open(out_dir / "jobs.log", "wb") as log:
+            for sweep in range(a.sweeps):
+                for j, (s, cand) in enumerate(jobs):
+                    row = measure(s, cand, REPO / "candidates" / f"{cand}.py", settings(), root, pool, log.fileno())
+                    if row["status"] != "passed":
+                        print(f"{s['scenario_id']} {cand}: {row['status']}: {row['error']}", file=sys.stderr)
+                    if sweep == 0:
+                        rows.append({**row, "row": f"{s['scenario_id'].replace('__', ' ')} {cand.split('/')[1]}"})
+                    elif rows[j]["status"] == "passed" and row["status"] == "passed":
+                        rows[j]["speedup_2"] = row["speedup"]
     finally:
         pool.close()
-    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
-          f"{datetime.now(timezone.utc).isoformat(timespec='minutes')}; measured copy bandwidth "
-          f"{peak['copy_gbps']:.0f} GB/s (read + write), bf16 matmul {peak['matmul_tflops']:.0f} TFLOP/s\n")
-    print("| scenario | module | kb-nano median ms | do_bench median ms | ratio | achieved GB/s | % of copy |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    bad = 0
-    for r in rows:
-        ok = abs(r["ratio"] - 1) <= TOLERANCE
-        bad += not ok
-        bw = f"{r['gbps']:.0f} | {100 * r['gbps'] / peak['copy_gbps']:.0f}%" if r["gbps"] else "- | -"
-        print(f"| {r['scenario']} | {r['who']} | {r['kb_nano_ms']:.4f} | {r['do_bench_ms']:.4f} | "
-              f"{r['ratio']:.3f}{'' if ok else ' **off**'} | {bw} |")
-    print(f"\n{len(rows) - bad} of {len(rows)} rows within {TOLERANCE:.0%} of do_bench")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"peak": peak, "rows": rows}, indent=1))
+    ok_jobs = [(s, c) for (s, c), r in zip(jobs, rows) if r["status"] == "passed"]
+    rows = [r for r in rows if r["status"] == "passed"]
+    biggest = max((s["num_tokens"] for s, _ in ok_jobs), default=0)
+    for r, (s, cand) in zip(rows, ok_jobs):
+        mods = modules(s, cand, device)
+        sets = input_sets(s, device, r["graph_calls"] or slots(s, r["baseline_eager_ms"], device))
+        r["dbcg_baseline_ms"] = do_bench_graph_ms(mods["baseline"], sets)
+        r["dbcg_candidate_ms"] = do_bench_graph_ms(mods["candidate"], sets)
+        if s["num_tokens"] == biggest and r["candidate_kernels"] == 1 and not s.get("context_len"):
+            r["flush_us"] = flush_compare_us(mods["candidate"], sets[0], device)
+        del mods, sets
+        torch.cuda.empty_cache()
+    note = "--no-ncu" if a.no_ncu else None
+    if not a.no_ncu:
+        got = ncu_ms([[s, c] for s, c in ok_jobs], out_dir)
+        if isinstance(got, str):
+            note = got
+        else:
+            for r, (b, c) in zip(rows, got):
+                r["ncu_baseline_ms"], r["ncu_candidate_ms"] = b, c
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    head = (f"Measured {datetime.now(timezone.utc).isoformat(timespec='minutes')} on {smi}, torch {torch.__version__}; "
+            f"command: python bench/fidelity.py {' '.join(sys.argv[1:])}; {len(rows)} rows.")
+    text, bad = report(rows, note, head)
+    (out_dir / "rows.json").write_text(json.dumps(rows, indent=1, default=str))
+    (out_dir / "report.md").write_text(text + "\n")
+    print(text)
     return 1 if bad else 0
 
 

@@ -606,12 +606,17 @@ def test_passed_row_records_interval_precision_and_roofline(tmp_path, scenarios,
     assert flagged["review"].startswith("implausible: candidate")
 
 
-def test_cuda_graph_on_a_cpu_says_why_there_is_no_graph(tmp_path, scenarios, settings):
+def test_a_cpu_row_has_the_eager_timer_only(tmp_path, scenarios, settings):
+    """On a CPU the eager timer is the only one: its columns equal baseline_ms/candidate_ms,
+    the kernel and graph columns are null and say nothing went wrong (cuda_graph ignored)."""
     path = rms_candidate(tmp_path, "good")
     row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/good", path,
-                            {**settings, "cuda_graph": True}, tmp_path), "passed")
-    assert row["graph_error"] == "CUDA graphs need a CUDA device; this run is on cpu"
-    assert row["graph_speedup"] is None
+                            {**settings, "cuda_graph": True, "speedup_basis": "kernel"}, tmp_path), "passed")
+    assert row["speedup_basis"] == "eager" and row["stop_reason"] == "fixed" and row["num_blocks"] >= 10
+    assert row["candidate_eager_ms"] == row["candidate_ms"] and row["eager_speedup"] == row["speedup"]
+    for col in ("candidate_kernel_ms", "candidate_graph_ms", "graph_speedup", "graph_error", "timer_check",
+                "launch_overhead_ms", "sm_clock_mhz", "throttled", "l2_flush", "hidden_work_ms"):
+        assert row[col] is None, col
 
 
 def test_shard_key_is_never_read_half_written(tmp_path):
@@ -669,3 +674,31 @@ def test_prestarted_judge_serves_the_first_job_and_binds_once(tmp_path, scenario
     finally:
         job.close_judges()
         job._SPARE.clear()
+
+
+def test_warmed_candidate_workers_are_the_ones_the_jobs_get(tmp_path, scenarios, settings):
+    """Pool.warm starts the workers of several candidate files at once (the judge does it
+    on a GPU host, where a worker's start takes seconds); a measurement then gets the
+    warmed worker, ready, instead of starting one; a file already served is not restarted."""
+    import tempfile
+    import time
+
+    from kb_nano.kernels.measure import measure as judged
+    from kb_nano.kernels.pool import Pool
+
+    pool = Pool("cpu", {"OMP_WAIT_POLICY": "PASSIVE"}, tmp_path)
+    full = {"seed": None, **settings}
+    files = [(str(rms_candidate(tmp_path, name)), "rms_norm") for name in ("good", "wrong")]
+    try:
+        with tempfile.TemporaryFile() as log:
+            assert pool.warm(files, full, log.fileno(), time.monotonic() + 60) == 2
+            warmed = list(pool.candidates.values())
+            assert len(warmed) == 2 and not any(h._ready for h in warmed)  # started, not waited for
+            assert pool.warm(files, full, log.fileno(), time.monotonic() + 60) == 0
+            row = judged(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/good", Path(files[0][0]), full,
+                         tmp_path, pool, log.fileno())
+        check_row(row, "passed")
+        assert warmed[0].proc.is_alive() and warmed[0]._ready is not None
+        assert list(pool.candidates.values()) == [warmed[1], warmed[0]]  # reused, moved to the end
+    finally:
+        pool.close()

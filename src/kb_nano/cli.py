@@ -90,7 +90,7 @@ def _overrides(args, root: Path, base: dict) -> dict:
         if getattr(args, flag, None):
             cfg[key] = getattr(args, flag)
     for flag in ("num_warmup", "num_runs", "num_trials", "atol", "rtol", "device", "output_json", "timeout_s", "dtype",
-                 "cuda_graph", "float32_matmul_precision", "memory_limit_gb", "seed"):
+                 "cuda_graph", "speedup_basis", "float32_matmul_precision", "memory_limit_gb", "seed"):
         value = getattr(args, flag, None)
         if value is not None:
             cfg[flag] = value
@@ -109,7 +109,7 @@ _FLAG_FOR_KEY = {
     "num_runs": "--num-runs", "atol": "--atol", "rtol": "--rtol", "device": "--device",
     "timeout_s": "--timeout-s", "output_json": "--output-json", "dtype": "--dtype",
     "num_trials": "--num-trials", "cuda_graph": "--cuda-graph", "float32_matmul_precision": "--float32-matmul-precision",
-    "memory_limit_gb": "--memory-limit-gb", "seed": "--seed",
+    "memory_limit_gb": "--memory-limit-gb", "seed": "--seed", "speedup_basis": "--speedup-basis",
 }
 
 
@@ -778,8 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--category", nargs="+", action="extend", help="operator category(ies), e.g. norm")
     k.add_argument("--candidate", nargs="+", action="extend", help="candidate id(s) or prefixes, e.g. rms_norm/torch_fused")
     k.add_argument("--num-warmup", type=int, help="untimed calls per side (default 10)")
-    k.add_argument("--num-runs", type=int, help="timed calls per side, at least (default 100; small calls get more: "
-                   "at least 10 batches of about 5 ms on a CPU, 2 ms on a GPU; the row's num_runs says how many ran)")
+    k.add_argument("--num-runs", type=int, help="timed eager calls per side, at least (default 100; CPU: small calls "
+                   "get more, at least 10 batches of about 5 ms; CUDA: blocks run until the interval is within "
+                   "ci_target or max_timing_s; the row's num_runs says how many ran)")
     k.add_argument("--atol", type=float, help="absolute tolerance for every operator (default: each operator's own, "
                    "e.g. 0.01 for bf16 pointwise ops; README: Operators)")
     k.add_argument("--rtol", type=float, help="relative tolerance for every operator (default: each operator's own; "
@@ -789,8 +790,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--num-trials", type=int, help="correctness trials on fresh inputs before timing (default 3, at least 2)")
     k.add_argument("--seed", type=int, help="replay: use this measurement seed (a row's `seed`) instead of a fresh one "
                    "from the OS; the same seed gives the same trial inputs and parameters")
-    k.add_argument("--cuda-graph", action="store_true", default=None,
-                   help="also time CUDA-graph replays of both sides (separate columns; CUDA only)")
+    k.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="CUDA: also time K calls per CUDA-graph replay (columns *_graph_ms; default on)")
+    k.add_argument("--speedup-basis", choices=["auto", "kernel", "graph", "eager"],
+                   help="the timer `speedup` comes from (default auto: kernel on CUDA, eager on a CPU, where it is "
+                        "the only one); recorded per row as speedup_basis")
     k.add_argument("--float32-matmul-precision", choices=["highest", "high", "medium"],
                    help="torch.set_float32_matmul_precision for both sides (default highest: no TF32)")
     k.add_argument("--memory-limit-gb", type=float,

@@ -1,7 +1,9 @@
 """Kernel result rows (Tier 1): the versioned Parquet schema and atomic shard writes.
 
-Times are milliseconds; ``speedup = baseline_ms / candidate_ms`` (medians); ``*_iqr`` is
-the interquartile range (p75 - p25) of the per-call times in ms. ``bytes_moved`` and
+Times are milliseconds; ``speedup = baseline_ms / candidate_ms`` (medians), where both come
+from the timer ``speedup_basis`` names (``eager``, ``kernel`` or ``graph``, each also in
+columns of its own, see :mod:`kb_nano.kernels.agreement`); ``*_iqr`` is the interquartile
+range (p75 - p25) of the per-call times in ms. ``bytes_moved`` and
 ``flops`` are the operator's minimum traffic per call (see each operator's ``traffic``).
 ``gpu_ids`` are the device ids the job leased (``CUDA_VISIBLE_DEVICES`` of its judge,
 comma-separated; null for a CPU job; see :mod:`kb_nano.gpus`). ``started_at`` / ``ended_at``
@@ -22,7 +24,7 @@ import pyarrow.parquet as pq
 
 from kb_nano.files import atomic_path
 
-SCHEMA_VERSION = 4  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline, started_at/ended_at; 4: judge and workers (OS seed, sandbox, signed shards)
+SCHEMA_VERSION = 5  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline, started_at/ended_at; 4: judge and workers (OS seed, sandbox, signed shards); 5: three GPU timers, speedup_basis, blocks, SM clock
 
 STATUSES = (
     "passed",
@@ -75,14 +77,31 @@ KERNEL_SCHEMA = pa.schema(
         ("speedup_ci_low", pa.float64()),  # paired bootstrap 95% interval of speedup (kb_nano.kernels.timing.speedup_ci)
         ("speedup_ci_high", pa.float64()),
         ("significant", pa.bool_()),  # the interval excludes 1.0
-        ("baseline_wall_ms", pa.float64()),  # CUDA: median host time of a call + device-wide synchronize
-        ("candidate_wall_ms", pa.float64()),
-        ("hidden_work_ms", pa.float64()),  # CUDA: per-call device time the candidate's events missed
-        ("baseline_graph_ms", pa.float64()),  # CUDA-graph replay medians (cuda_graph: true); never mixed with eager
+        ("speedup_basis", pa.string()),  # the timer baseline_ms/candidate_ms/speedup come from: eager | kernel | graph
+        ("num_blocks", pa.int32()),  # blocks timed (each: an ABAB pair per timer); the interval is over them
+        ("stop_reason", pa.string()),  # fixed (CPU) | ci_target | max_timing_s
+        ("baseline_eager_ms", pa.float64()),  # eager timer: CPU host clock; CUDA event pair, host launch included
+        ("candidate_eager_ms", pa.float64()),
+        ("eager_speedup", pa.float64()),
+        ("baseline_kernel_ms", pa.float64()),  # CUDA: GPU time of the call's kernels (CUPTI), L2 cold
+        ("candidate_kernel_ms", pa.float64()),
+        ("kernel_speedup", pa.float64()),
+        ("baseline_kernels", pa.int32()),  # CUDA: GPU records (kernels, copies, memsets) per call
+        ("candidate_kernels", pa.int32()),
+        ("baseline_graph_ms", pa.float64()),  # CUDA: one graph replay of K calls / K
         ("candidate_graph_ms", pa.float64()),
         ("graph_speedup", pa.float64()),
         ("graph_error", pa.string()),  # why a side could not be captured as a CUDA graph
-        ("l2_flush_bytes", pa.int64()),  # zeroed before each CUDA call (2 x the device's L2)
+        ("graph_calls", pa.int32()),  # CUDA: K, the calls (input slots, rotating) one graph holds
+        ("launch_overhead_ms", pa.float64()),  # CUDA: candidate_eager_ms - candidate_kernel_ms
+        ("timer_check", pa.string()),  # CUDA: where the three timers disagree (kb_nano.kernels.agreement)
+        ("hidden_work_ms", pa.float64()),  # CUDA: candidate GPU time per batch outside every call (CUPTI)
+        ("sm_clock_mhz", pa.float64()),  # CUDA: median SM clock over the blocks (NVML)
+        ("sm_clock_min_mhz", pa.float64()),
+        ("throttled", pa.bool_()),  # CUDA: NVML reported a power or thermal clock reason during a block
+        ("throttle_reasons", pa.string()),
+        ("l2_flush", pa.string()),  # CUDA: how the L2 was emptied before each timed call (read)
+        ("l2_flush_bytes", pa.int64()),  # CUDA: bytes of that flush (2 x the device's L2, >= 256 MiB)
         ("float32_matmul_precision", pa.string()),  # fixed for both sides
         ("allow_tf32", pa.bool_()),
         ("num_trials", pa.int32()),  # correctness trials before timing (edge-case trials not counted)

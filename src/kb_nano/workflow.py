@@ -162,6 +162,17 @@ def manifest(root: Path, config: dict, path: Path) -> tuple[dict, bool]:
     return cached(root / path, root, params, files)
 
 
+def missing_shard_candidates(jobs: list) -> list[tuple[str, str]]:
+    """``(path, target)`` of each candidate file with a shard of ``jobs`` (``(scenario,
+    CandidateRef)`` pairs, :func:`select`) not written yet, in job order: the workers the
+    judge can start ahead (:func:`kb_nano.kernels.job.warm_candidates`)."""
+    out: dict = {}
+    for scenario, cand in jobs:
+        if cand.id not in out and not Path(shard_path(scenario["scenario_id"], cand)).exists():
+            out[cand.id] = (str(cand.path), cand.target)
+    return list(out.values())
+
+
 def settings(config: dict) -> dict:
     """The measurement settings handed to every kernel job (a Snakemake param, so a
     change reruns the jobs)."""
@@ -174,7 +185,10 @@ def settings(config: dict) -> dict:
         "num_runs": int(config["num_runs"]),
         "num_trials": int(config.get("num_trials", 3)),
         "timeout_s": float(config["timeout_s"]),
-        "cuda_graph": bool(config.get("cuda_graph", False)),
+        "cuda_graph": bool(config.get("cuda_graph", True)),
+        "speedup_basis": str(config.get("speedup_basis") or "auto"),
+        "ci_target": float(config.get("ci_target") or 0.01),
+        "max_timing_s": float(config.get("max_timing_s") or 1.0),
         "float32_matmul_precision": str(config.get("float32_matmul_precision", "highest")),
         "memory_limit_gb": None if config.get("memory_limit_gb") is None else float(config["memory_limit_gb"]),
         "roofline": {k: v for k, v in (config.get("roofline") or {}).items() if v is not None},

@@ -1,3 +1,8 @@
+if os.environ.get("KB_NANO_PRESTART_JUDGE") == "1" and workflow.is_main_process:
+    # the prestarted judge starts the workers of candidates with shards to write all at once
+    kernel_job.warm_candidates(kbw.missing_shard_candidates(selected()[0]))
+
+
 rule kernel_bench:
     # run: (no conda:, it runs in the Snakemake process's environment, which imports
     # kb_nano at parse time anyway): with force-use-threads (profiles/default) jobs are

@@ -96,7 +96,7 @@ class Judge:
         return {"dead": self.proc.exitcode}
 
     def close(self) -> None:
-        from kb_nano.kernels.pool import kill_tree
+        from kb_nano.kernels.procs import kill_tree
 
         kill_tree(self.proc.pid)
         with _LOCK:
@@ -134,6 +134,13 @@ def prestart() -> None:
             _SPARE["thread"].start()
 
 
+def warm_candidates(files: list[tuple[str, str]]) -> None:
+    """Candidate files (``(path, target)``) whose workers the prestarted judge starts all
+    at once when its first CUDA job arrives (:meth:`kb_nano.kernels.pool.Pool.warm`): the
+    Snakefile passes those with shards still missing."""
+    _SPARE["warm"] = [[str(Path(p).resolve()), t] for p, t in files]
+
+
 def _take_spare(key: str, gpu_ids: list[str]) -> Judge | None:
     """The prestarted judge, bound to ``gpu_ids`` (its ``CUDA_VISIBLE_DEVICES``), or None."""
     thread = _SPARE.get("thread")
@@ -144,7 +151,8 @@ def _take_spare(key: str, gpu_ids: list[str]) -> Judge | None:
     if judge is None or not judge.proc.is_alive():
         return None
     env = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)} if gpu_ids else {}
-    reply = judge.ask({"bind": {"env": env, "gpu_ids": ",".join(gpu_ids) or None}}, 60.0)
+    reply = judge.ask({"bind": {"env": env, "gpu_ids": ",".join(gpu_ids) or None, "warm": _SPARE.get("warm", [])}},
+                      60.0)
     if not reply.get("bound"):
         judge.close()
         return None

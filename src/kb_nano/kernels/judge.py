@@ -13,41 +13,42 @@ use while the baseline runs, and alone writes the (signed) shard. Steps:
    of trial ``t - 2`` with new values) plus the operator's edge cases
    (:data:`kb_nano.kernels.inputs.EDGE_CASES`), every rule applied by the worker, every
    output compared by the judge.
-3. Warm-up, then the timed batches, alternating baseline and candidate (ABAB), each batch
-   one call per slot on new values; every output compared; the candidate's slots
-   compared with the judge's copy; the judge's clock around each batch compared with the
-   times the worker reported (:func:`hidden_ms`).
-4. CUDA: the device-wide pass (``unsynced_work`` for work on other streams) and, with
-   ``cuda_graph``, CUDA-graph replays of each batch.
+3. Warm-up, then blocks until the interval is narrow enough (:mod:`kb_nano.kernels.blocks`):
+   per block an ABAB pair of batches per timer (eager; on CUDA also the CUPTI kernel
+   timer and a CUDA-graph replay), each batch one call per slot on new values; every
+   output compared; the candidate's slots compared with the judge's copy.
+4. The judge's clock around each batch against the times the worker reported
+   (:func:`kb_nano.kernels.blocks.hidden_ms`; CPU: the eager batches, CUDA: the graph replays, whose batches are
+   all device time), and the timers against each other (:mod:`kb_nano.kernels.measure`).
 5. One more checked call on new values, then the statistics, the bootstrap interval and
    the roofline review.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from pathlib import Path
 
 import torch
 
 from kb_nano import operators
-from kb_nano.kernels import timing
+from kb_nano.kernels import blocks, timing
 from kb_nano.kernels.checks import same_bits
 from kb_nano.kernels.compare import compare, spec_mismatch, tolerance
 from kb_nano.kernels.inputs import Refresher, apply_edge_case, generator, make_inputs, param_seed
-from kb_nano.kernels.pool import Pool, WorkerHandle, scheduling
+from kb_nano.kernels.pool import Pool, WorkerHandle
+from kb_nano.kernels.procs import restore_scheduling
 from kb_nano.kernels.shm import SharedTensors
 from kb_nano.operators.base import DTYPES
 
 TARGET_BATCH_MS = {"cpu": 5.0, "cuda": 2.0}  # a batch this long resolves the judge's clock cross-check
 MAX_BATCH_CALLS = 1000  # calls (slots) per batch at most
-MIN_BATCHES = 10  # ABAB batch pairs per measurement at least (the interval is over them)
 SLOT_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # most memory the slots of one measurement take
 IDLE_CPU_S = 0.005  # CPU a candidate's process may use while the baseline is timed (+10% of that batch)
 SETTLE_S = 10.0  # before timing, wait this long at most for the candidate's processes to go idle
 SETTLE_WINDOW_S = 0.03  # ... idle: less than 5% of a CPU in a window this long
+GRAPH_BATCH_MS = 8.0  # device time of a graph batch: the judge's clock around it resolves a 10% forgery
+MAX_REPLAYS = 200  # graph replays per batch at most
 HIDDEN_FRACTION = 0.1  # a candidate's batch may exceed its reported call times + the baseline's overhead by 10%
 HIDDEN_FLOOR_MS = {"cpu": 0.5, "cuda": 0.1}  # ... plus this jitter allowance per batch
 
@@ -80,10 +81,10 @@ def _ask(worker: WorkerHandle, msg: dict, deadline: float, shared=None) -> dict:
 def batch_calls(call_ms: float, per_slot_bytes: int, device: torch.device, num_runs: int = 0) -> int:
     """Calls (input slots) per batch: enough for a batch of :data:`TARGET_BATCH_MS`
     at ``call_ms`` per call (so the judge's clock resolves work hidden outside the timed
-    calls) and for ``num_runs`` calls in :data:`MIN_BATCHES` batches (each batch costs a
+    calls) and for ``num_runs`` calls in ten batches (each batch costs a
     round of checks: fewer, fuller batches for slow calls), at most
     :data:`MAX_BATCH_CALLS` and what :data:`SLOT_BYTES` holds, at least 2."""
-    want = max(TARGET_BATCH_MS.get(device.type, 10.0) / max(call_ms, 1e-4), num_runs / MIN_BATCHES)
+    want = max(TARGET_BATCH_MS.get(device.type, 10.0) / max(call_ms, 1e-4), num_runs / blocks.MIN_BLOCKS["cpu"])
     fit = SLOT_BYTES.get(device.type, 2 << 30) // max(per_slot_bytes, 1)
     return int(max(2, min(MAX_BATCH_CALLS, fit, -(-want // 1))))
 
@@ -104,6 +105,7 @@ class Measurement:
         self.compared = False  # whether any output was compared (rows of earlier failures carry no error)
         self.shared: list[SharedTensors] = []
         self.phases: dict[str, float] = {}  # seconds per step (prepare, measure._run), for the job log
+        self.clock = blocks.SmClock(device)
 
     def close(self) -> None:
         for s in self.shared:
@@ -250,10 +252,11 @@ class Measurement:
             self.trial(t % 2, values, when, watch=t < 2)
         return num
 
-    def batch(self, worker: WorkerHandle, start: int, stop: int, mode: str) -> tuple[dict, float]:
+    def batch(self, worker: WorkerHandle, start: int, stop: int, mode: str, replays: int = 1) -> tuple[dict, float]:
         """One batch of ``worker``; returns its reply and the judge's clock around it (ms)."""
         t0 = timing.now_ns()
-        reply = _ask(worker, {"cmd": "batch", "start": start, "stop": stop, "mode": mode}, self.deadline)
+        msg = {"cmd": "batch", "start": start, "stop": stop, "mode": mode, "replays": replays}
+        reply = _ask(worker, msg, self.deadline)
         elapsed = (timing.now_ns() - t0) / 1e6
         if worker is self.cand and mode != "warmup" and "graph_error" not in reply:
             _ask(worker, {"cmd": "check"}, self.deadline)  # the worker's rules, outside the clock
@@ -266,11 +269,11 @@ class Measurement:
 
     def timed(self, first_draw: int) -> dict:
         """Warm-up (two slots), then the batch size from the baseline's warm-up times
-        (:func:`batch_calls`), then at least :data:`MIN_BATCHES` ABAB batches and
-        ``num_runs`` calls per side. Returns the per-call samples of both sides and the
-        judge's clock around each batch. Raises :class:`Verdict`."""
+        (:func:`batch_calls`), the CUDA graphs captured, then blocks until
+        :func:`kb_nano.kernels.blocks.stop_reason` says so. Returns the samples
+        (:func:`kb_nano.kernels.blocks.new_samples`). Raises :class:`Verdict`."""
         num_runs, num_warmup = int(self.settings["num_runs"]), int(self.settings["num_warmup"])
-        self._check_baseline_scheduling()
+        self.check_scheduling()
         self.settle()
         refresh = self.refresher(first_draw)
         warm = []
@@ -284,55 +287,96 @@ class Measurement:
             self.make_slots(k)
             refresh = self.refresher(first_draw + 8)
         self.refresh = refresh
-        out = {"base": [], "cand": [], "judge_base": [], "judge_cand": [], "rep_base": [], "rep_cand": []}
-        self.more(out, max(MIN_BATCHES, -(-num_runs // self.k)))
-        return out
+        cuda = self.device.type == "cuda"
+        # CUDA: the eager and kernel batches need only num_runs calls over the blocks; the slots
+        # (all replayed by the graph) make a batch long enough for the judge's clock
+        self.n = min(self.k, max(2, -(-num_runs // blocks.MIN_BLOCKS["cuda"]))) if cuda else self.k
+        s = blocks.new_samples()
+        if not cuda:
+            s["errors"].update(kernel="CPU", graph="CPU")
+        elif not self.settings.get("cuda_graph", True):
+            s["errors"]["graph"] = "cuda_graph: false"
+        else:
+            self._refill(self.refresh, self.k)
+            for side, worker in (("baseline", self.base), ("candidate", self.cand)):
+                reply = self.batch(worker, 0, self.k, "capture")[0]
+                if "graph_error" in reply:
+                    s["errors"]["graph"] = f"{side}: {reply['graph_error']}"
+                    break
+        which = blocks.basis(self.settings.get("speedup_basis"), self.device, s["errors"])
+        s["started"] = time.monotonic()
+        while s["stop"] is None:
+            self.block(s)
+            which = blocks.basis(self.settings.get("speedup_basis"), self.device, s["errors"])
+            s["stop"] = blocks.stop_reason(s, which, self.device, self.settings)
+        s["basis"] = which
+        return s
 
-    def _check_baseline_scheduling(self) -> None:
+    def block(self, s: dict) -> None:
+        """One block: an ABAB pair of batches per timer that has samples (eager; on CUDA
+        also the kernel timer and a graph replay), then the SM clock."""
+        self.pair(s, "eager", self.n)
+        if "kernel" not in s["errors"]:
+            self.pair(s, "kernel", self.n)
+        if "graph" not in s["errors"]:
+            self.pair(s, "graph", self.k)
+        self.clock.sample()
+        s["blocks"] += 1
+
+    def pair(self, s: dict, timer: str, n: int) -> None:
+        """One ABAB pair of ``timer``'s batches of ``n`` calls on new values, every output
+        checked, appended to ``s[timer]``; the candidate's CPU use is watched while the
+        baseline's batch is timed."""
+        mode = {"eager": "time", "kernel": "kernel", "graph": "graph"}[timer]
+        p = s[timer]
+        self.check_scheduling()
+        self.refresh(n)
+        self._fill_side("base", n)  # the candidate's copy only after the baseline's batch:
+        cpu0 = self.cand.cpu_s()    # nothing to work on while the baseline is timed
+        replays = 1
+        if timer == "graph" and p["block_base"]:  # replays enough for GRAPH_BATCH_MS of device time
+            replays = int(min(MAX_REPLAYS, max(1, GRAPH_BATCH_MS / max(p["block_base"][-1] * n, 1e-6))))
+        rb, tb = self.batch(self.base, 0, n, mode, replays)
+        idle = self.cand.cpu_s() - cpu0
+        if idle > IDLE_CPU_S + 0.1 * tb / 1e3:
+            raise Verdict("unsynced_work", f"the candidate's processes used {idle * 1e3:.1f} ms of CPU while the "
+                          f"baseline's {tb:.1f} ms batch was timed: work left running outside its own calls")
+        self._fill_side("cand", n)
+        rc, tc = self.batch(self.cand, 0, n, mode, replays)
+        for side, reply in (("base", rb), ("cand", rc)):
+            if "kernel_error" in reply:  # no outputs kept, no times: the kernel timer is off for this row
+                if side == "cand" and "flush stream" in reply["kernel_error"]:
+                    raise Verdict("tampered", f"kernel timer: {reply['kernel_error']}")
+                s["errors"]["kernel"] = f"{'baseline' if side == 'base' else 'candidate'}: {reply['kernel_error']}"
+                return
+        self._check_slots(slice(0, n), f"in the timed calls ({timer} timer)")
+        for side, reply, judge_ms in (("base", rb, tb), ("cand", rc, tc)):
+            times = [float(t) for t in reply["times_ms"]][:n]
+            if len(times) != n:
+                raise Verdict("runtime_error", f"the {side} worker reported {len(times)} times for {n} calls")
+            p[side] += times
+            p[f"judge_{side}"].append(judge_ms)
+            p[f"rep_{side}"].append(sum(times) * replays)  # all the device time the batch reported
+            p[f"block_{side}"].append(timing.summarize(times)[0])
+            if timer == "kernel":
+                p[f"span_{side}"] += [float(t) for t in reply["span_ms"]][:n]
+                p[f"kernels_{side}"] += [int(t) for t in reply["kernels"]][:n]
+        if timer == "kernel":
+            p["hidden"].append(float(rc.get("hidden_ms") or 0.0))
+
+    def check_scheduling(self) -> None:
         """``tampered`` when the baseline worker's threads no longer have the CPU affinity,
         scheduling policy and niceness they had (a candidate's process can change those of
         another process of the same user: Landlock does not cover them); restored first."""
-        changed = []
-        # what the baseline inherits from the judge (its fork server started from it)
-        want = (frozenset(os.sched_getaffinity(0)), os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
-        for tid in scheduling(self.base.pid):
-            try:
-                now = (frozenset(os.sched_getaffinity(tid)), os.sched_getscheduler(tid),
-                       os.getpriority(os.PRIO_PROCESS, tid))
-            except OSError:
-                continue
-            if now != want:
-                changed.append(tid)
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(tid, want[0])
-                    os.sched_setscheduler(tid, want[1], os.sched_param(0))
-                    os.setpriority(os.PRIO_PROCESS, tid, want[2])
-        if changed:
+        if restore_scheduling(self.base.pid):
             raise Verdict("tampered", "the baseline worker's CPU affinity or scheduling was changed during the "
                           "measurement (restored): only the candidate's process could have done it")
 
-    def more(self, out: dict, batches: int) -> None:
-        """``batches`` more ABAB batches of the current size, appended to ``out``."""
-        for _ in range(batches):
-            self._check_baseline_scheduling()
-            self.refresh(self.k)
-            self._fill_side("base", self.k)  # the candidate's copy only after the baseline's batch:
-            cpu0 = self.cand.cpu_s()        # nothing to work on while the baseline is timed
-            rb, tb = self.batch(self.base, 0, self.k, "time")
-            idle = self.cand.cpu_s() - cpu0
-            if idle > IDLE_CPU_S + 0.1 * tb / 1e3:
-                raise Verdict("unsynced_work", f"the candidate's processes used {idle * 1e3:.1f} ms of CPU while the "
-                              f"baseline's {tb:.1f} ms batch was timed: work left running outside its own calls")
-            self._fill_side("cand", self.k)
-            rc, tc = self.batch(self.cand, 0, self.k, "time")
-            self._check_slots(slice(0, self.k), "in the timed calls")
-            for side, reply, judge_ms in (("base", rb, tb), ("cand", rc, tc)):
-                times = [float(t) for t in reply["times_ms"]][: self.k]
-                if len(times) != self.k:
-                    raise Verdict("runtime_error", f"the {side} worker reported {len(times)} times for {self.k} calls")
-                out[side] += times
-                out[f"judge_{side}"].append(judge_ms)
-                out[f"rep_{side}"].append(sum(times))
+    def more(self, s: dict, count: int) -> None:
+        """``count`` more blocks (after a failed clock cross-check: jitter passes with more
+        samples, hidden work stays)."""
+        for _ in range(count):
+            self.block(s)
 
     def settle(self) -> None:
         """Wait (at most :data:`SETTLE_S`) until the candidate's processes are idle: a
@@ -348,53 +392,6 @@ class Measurement:
     def _refill(self, refresh: Refresher, n: int) -> None:
         refresh(n)
         self._fill_all(n)
-
-    def wall_pass(self) -> dict:
-        """CUDA device-wide pass: per call, the host clock around launch + device-wide
-        synchronize, and its events, both sides (:data:`kb_nano.kernels.timing.WALL_CHECK_RUNS`
-        calls each, in batches of at most 10); plus the judge's clock around each batch,
-        for the cross-check (:func:`hidden_ms`: on CUDA the event times of the main pass
-        leave host time out by design, the device-wide walls do not)."""
-        out = {"base": ([], []), "cand": ([], []), "judge_base": [], "judge_cand": [], "rep_base": [], "rep_cand": []}
-        n = min(self.k, 10)
-        for _ in range(-(-timing.WALL_CHECK_RUNS // n)):
-            self._refill(self.refresh, n)
-            for side, worker in (("base", self.base), ("cand", self.cand)):
-                reply, judge_ms = self.batch(worker, 0, n, "wall")
-                walls = [float(t) for t in reply["times_ms"]][:n]
-                out[side][0].extend(walls)
-                out[side][1].extend(float(t) for t in reply["event_ms"][:n])
-                out[f"judge_{side}"].append(judge_ms)
-                out[f"rep_{side}"].append(sum(walls))
-            self._check_slots(slice(0, n), "in the device-wide pass")
-        return out
-
-    def graph_pass(self, replays: int) -> dict:
-        """CUDA graphs: each side's batch (one call per slot) captured once and replayed
-        ``replays`` times on new values; per-call ms, or the capture error."""
-        out = {"base": [], "cand": []}
-        for _ in range(replays):
-            self._refill(self.refresh, self.k)
-            for side, worker in (("base", self.base), ("cand", self.cand)):
-                reply, _ = self.batch(worker, 0, self.k, "graph")
-                if "graph_error" in reply:
-                    return {"graph_error": f"{'baseline' if side == 'base' else 'candidate'}: {reply['graph_error']}"}
-                out[side] += reply["times_ms"][:1]
-            self._check_slots(slice(0, self.k), "in the CUDA-graph replays")
-        return out
-
-
-def hidden_ms(s: dict) -> float:
-    """Work the candidate did inside its batches but outside its reported call times, per
-    batch, in ms: the least, over batches, of the judge's clock around a candidate batch
-    minus the call times its worker reported, less the same least overhead of the
-    baseline's batches (the same IPC and output copies). Host jitter only ever adds time,
-    so the least overhead is its noise-free part; work a candidate moves out of its timed
-    calls (or a clock it slows down) is in every batch, so it stays."""
-    import numpy as np
-
-    over_b = float(np.min(np.subtract(s["judge_base"], s["rep_base"])))
-    return float(np.min(np.subtract(s["judge_cand"], s["rep_cand"]))) - over_b
 
 
 KEEP_WORKER = {"passed", "skipped", "incorrect", "incorrect_shape", "incorrect_dtype", "nonfinite"}

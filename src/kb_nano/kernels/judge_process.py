@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import traceback
 import types
 from datetime import datetime, timezone
@@ -46,6 +47,7 @@ def serve(conn, spec: dict) -> None:
     _die_with_owner(int(spec["owner_pid"]))
     pools: dict[tuple, Pool] = {}
     gpu_ids = spec.get("gpu_ids")
+    warm: list = []  # candidate files whose workers the first CUDA pool starts at once (job.warm_candidates)
     try:
         while True:
             try:
@@ -60,10 +62,12 @@ def serve(conn, spec: dict) -> None:
                     continue
                 os.environ.update(req["bind"]["env"])
                 gpu_ids = req["bind"]["gpu_ids"]
+                warm = req["bind"].get("warm") or []
                 conn.send({"bound": True})
                 continue
             try:
-                conn.send({"status": _one(req, pools, gpu_ids)})
+                conn.send({"status": _one(req, pools, gpu_ids, warm)})
+                warm = []
             except Interrupted as exc:
                 conn.send({"interrupted": str(exc)})
             except Exception as exc:
@@ -75,7 +79,7 @@ def serve(conn, spec: dict) -> None:
             pool.close()
 
 
-def _one(req: dict, pools: dict, gpu_ids: str | None) -> str:
+def _one(req: dict, pools: dict, gpu_ids: str | None, warm: list) -> str:
     """Measure one request and write its signed shard; returns the status."""
     from kb_nano.kernels import signing
     from kb_nano.kernels.fields import resolve_device
@@ -97,6 +101,8 @@ def _one(req: dict, pools: dict, gpu_ids: str | None) -> str:
     Path(req["log"]).parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     try:
+        if warm and device.startswith("cuda"):
+            pools[key].warm(warm, settings, fd, time.monotonic() + float(settings["timeout_s"]))
         started_at = utc_now()
         row = measure(req["scenario"], req["candidate_id"], Path(req["candidate_path"]), settings, root,
                       pools[key], fd)

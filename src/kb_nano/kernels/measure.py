@@ -21,13 +21,13 @@ from kb_nano import roofline
 from kb_nano.kernels import timing
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
 from kb_nano.kernels.fields import device_name, resolve_device, row_fields
-from kb_nano.kernels.judge import (HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, MIN_BATCHES, WORKER_VERDICTS,
-                                   Measurement, Verdict, hidden_ms)
+from kb_nano.kernels.agreement import timer_fields
+from kb_nano.kernels.blocks import MIN_BLOCKS, hidden_ms
+from kb_nano.kernels.judge import HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, WORKER_VERDICTS, Measurement, Verdict
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
 from kb_nano.operators.base import DTYPES
 from kb_nano.schema import make_row
 
-GRAPH_REPLAYS = 10  # CUDA-graph replays per side (each: one call per slot)
 CONSISTENCY = 2.0  # CPU: the median-call speedup may exceed the batch-total speedup by this factor at most
 CROSS_CHECK_RETRIES = 2  # rounds of more batches when the clock cross-check fails (jitter passes, hidden work stays)
 
@@ -43,7 +43,8 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
     ``settings``: ``device``, ``atol``/``rtol`` (None = the operator's), ``num_warmup``,
     ``num_runs``, ``num_trials`` (>= 2), ``num_threads``, ``timeout_s`` (the scenario's
     deadline, worker starts included), ``seed`` (None = drawn from the OS), ``golden``,
-    ``cuda_graph``, ``float32_matmul_precision``, ``memory_limit_gb``, ``roofline``.
+    ``cuda_graph``, ``speedup_basis``, ``ci_target``, ``max_timing_s``,
+    ``float32_matmul_precision``, ``memory_limit_gb``, ``roofline``.
     ``log_fd``: the job log, which both workers write to."""
     t_start = time.perf_counter()
     device = resolve_device(settings["device"])
@@ -90,7 +91,8 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
         extra.setdefault("max_abs_err", m.worst[0])
         extra.setdefault("max_rel_err", m.worst[1])
     if status != "passed":
-        extra = {k: v for k, v in extra.items() if k in ("max_abs_err", "max_rel_err", "baseline_ms", "candidate_ms")}
+        keep = ("max_abs_err", "max_rel_err", "baseline_ms", "candidate_ms", "hidden_work_ms")
+        extra = {k: v for k, v in extra.items() if k in keep or k.endswith(("_eager_ms", "_kernel_ms", "_graph_ms"))}
         fields["num_runs"] = None  # no timed calls count: the row was decided before or during them
     return make_row(**{**fields, **extra}, status=status, error=error, wall_s=time.perf_counter() - t_start)
 
@@ -129,69 +131,50 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     m.phases["roofline peaks"] = -t + (t := time.perf_counter())
     s = m.timed(num_trials + 1)
     m.phases["timed"] = time.perf_counter() - t
-    extra = {}
+    # the judge's clock: on a CPU around the eager batches, on CUDA around the graph replays
+    # (one replay of many calls: device time, where the eager batches are mostly host time)
+    checked = "eager" if device.type != "cuda" else ("graph" if "graph" not in s["errors"] else None)
+    extra: dict = {}
+    if checked:
+        for _ in range(CROSS_CHECK_RETRIES):  # host jitter passes with more blocks; hidden work stays
+            if hidden_ms(s[checked]) <= _limit(s[checked], device):
+                break
+            m.more(s, MIN_BLOCKS.get(device.type, 10))
+        _cross_check(s[checked], m.k if checked == "graph" else m.n, device, extra)
+    extra.update(timer_fields(s, device))
     if device.type != "cuda":
-        for _ in range(CROSS_CHECK_RETRIES):  # host jitter passes with more batches; hidden work stays
-            if hidden_ms(s) <= _limit(s, device):
-                break
-            m.more(s, MIN_BATCHES)
-        _cross_check(s, m.k, device, extra)
-    b_med, b_iqr = timing.summarize(s["base"])
-    c_med, c_iqr = timing.summarize(s["cand"])
-    # the interval is over the ABAB batch pairs (calls within a batch are not independent)
-    base_blocks = [timing.summarize(s["base"][i:i + m.k])[0] for i in range(0, len(s["base"]), m.k)]
-    cand_blocks = [timing.summarize(s["cand"][i:i + m.k])[0] for i in range(0, len(s["cand"]), m.k)]
-    if device.type != "cuda" and c_med > 0 and sum(s["rep_cand"]) > 0:
-        # the per-call times must add up to what the judge's clock vouches for (the batch sums):
-        # a candidate that does a batch's work in one call, or reports a forged spread, does not
-        by_calls, by_sums = b_med / c_med, sum(s["rep_base"]) / sum(s["rep_cand"])
-        if by_calls > CONSISTENCY * by_sums and by_calls > 1.2:
-            raise Verdict("unsynced_work", f"the candidate's per-call times do not add up: its median call is "
-                          f"{by_calls:.3g}x the baseline's, its batches in total {by_sums:.3g}x (work done in some "
-                          "calls for others, or a forged spread of call times)")
-    extra.update(baseline_ms=b_med, candidate_ms=c_med)
-    if device.type == "cuda":
-        # CUDA: the main pass's events leave host time out by design; the device-wide pass's walls do not
-        w = m.wall_pass()
-        for _ in range(CROSS_CHECK_RETRIES):
-            if hidden_ms(w) <= _limit(w, device):
-                break
-            more = m.wall_pass()
-            for key in ("judge_base", "judge_cand", "rep_base", "rep_cand"):
-                w[key] += more[key]
-            for side in ("base", "cand"):
-                w[side] = (w[side][0] + more[side][0], w[side][1] + more[side][1])
-        _cross_check(w, min(m.k, 10), device, extra)
-        hidden = timing.hidden_work_ms(*w["base"], *w["cand"])
-        extra.update(baseline_wall_ms=timing.summarize(w["base"][0])[0],
-                     candidate_wall_ms=timing.summarize(w["cand"][0])[0], hidden_work_ms=hidden)
-        if hidden is not None and hidden > timing.hidden_work_limit_ms(timing.summarize(w["cand"][1])[0]):
-            raise Verdict("unsynced_work", f"the device-wide timing exceeds the event timing by {hidden:.4g} ms per "
-                          "call (baseline-calibrated): the candidate leaves work on another stream that its events "
-                          "miss", **extra)
-    if settings.get("cuda_graph") and device.type != "cuda":
-        extra["graph_error"] = f"CUDA graphs need a CUDA device; this run is on {device.type}"
-    elif settings.get("cuda_graph"):
-        g = m.graph_pass(GRAPH_REPLAYS)
-        if "graph_error" in g:
-            extra["graph_error"] = g["graph_error"]
-        else:
-            extra.update(baseline_graph_ms=timing.summarize(g["base"])[0], candidate_graph_ms=timing.summarize(g["cand"])[0])
-            extra["graph_speedup"] = extra["baseline_graph_ms"] / extra["candidate_graph_ms"]
+        _consistent(s["eager"])
+    hidden = s["kernel"]["hidden"]
+    if hidden and max(hidden) > 0:
+        raise Verdict("unsynced_work", f"{max(hidden):.4g} ms of the candidate's GPU work ran before the first call "
+                      "of a kernel-timer batch: work left running from earlier calls, outside the timed calls", **extra)
     # once more on new values in the slots the timed calls used
     k = num_trials % 2
     gen = generator(device, m.seed ^ 0xA11)
     values, _ = make_inputs(m.scenario, gen, str(device), m.golden, root, draw=num_trials)
     m.trial(k, values, "after the timed calls")
-    lo, hi = timing.speedup_ci(base_blocks, cand_blocks, m.seed & 0x7FFFFFFF)
+    which = s["basis"]
+    p = s[which]
+    b_med, b_iqr = timing.summarize(p["base"])
+    c_med, c_iqr = timing.summarize(p["cand"])
+    lo, hi = timing.speedup_ci(p["block_base"], p["block_cand"])
+    if c_med > 0:  # the interval holds the reported ratio of medians
+        lo, hi = min(lo, b_med / c_med), max(hi, b_med / c_med)
     bound = roofline.bound_ms(m.scenario.get("bytes_moved"), m.scenario.get("flops"), peak)
     # a bound the baseline itself beats was measured wrong (peaks taken on a loaded host): no review
     # then, unless the peaks are the user's own (config `roofline:`)
     measured = not any(v is not None for v in (settings.get("roofline") or {}).values())
     unreliable = measured and bound is not None and b_med < roofline.MARGIN * bound
     review = None if unreliable else roofline.review(c_med, bound, peak)
+    if extra.get("timer_check") and "candidate:" in extra["timer_check"]:  # kb_nano.kernels.agreement
+        review = "; ".join(filter(None, [review, "the timers disagree on the candidate (timer_check)"]))
     extra.update(
-        num_runs=len(s["base"]),
+        baseline_ms=b_med,
+        candidate_ms=c_med,
+        speedup_basis=which,
+        num_runs=len(s["eager"]["base"]),
+        num_blocks=s["blocks"],
+        stop_reason=s["stop"],
         speedup=b_med / c_med if c_med > 0 else None,
         baseline_ms_iqr=b_iqr,
         candidate_ms_iqr=c_iqr,
@@ -199,11 +182,27 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
         speedup_ci_high=hi,
         significant=bool(lo > 1.0 or hi < 1.0),
         l2_flush_bytes=timing.l2_flush_bytes(device),
+        l2_flush=timing.L2Flush.mode if device.type == "cuda" else None,
+        graph_calls=m.k if "graph" not in s["errors"] else None,
         roofline_ms=bound,
         device_copy_gbps=peak["copy_gbps"],
         review=review,
+        **m.clock.fields(),
     )
     return extra
+
+
+def _consistent(p: dict) -> None:
+    """CPU: the per-call times must add up to what the judge's clock vouches for (the
+    batch sums): a candidate that does a batch's work in one call, or reports a forged
+    spread, does not. ``unsynced_work`` otherwise."""
+    b_med, c_med = timing.summarize(p["base"])[0], timing.summarize(p["cand"])[0]
+    if c_med > 0 and sum(p["rep_cand"]) > 0:
+        by_calls, by_sums = b_med / c_med, sum(p["rep_base"]) / sum(p["rep_cand"])
+        if by_calls > CONSISTENCY * by_sums and by_calls > 1.2:
+            raise Verdict("unsynced_work", f"the candidate's per-call times do not add up: its median call is "
+                          f"{by_calls:.3g}x the baseline's, its batches in total {by_sums:.3g}x (work done in some "
+                          "calls for others, or a forged spread of call times)")
 
 
 def _limit(s: dict, device: torch.device) -> float:
@@ -213,7 +212,7 @@ def _limit(s: dict, device: torch.device) -> float:
 def _cross_check(s: dict, calls: int, device: torch.device, extra: dict) -> None:
     """``unsynced_work`` when the judge's clock around the candidate's batches exceeds the
     times its worker reported by more than :data:`HIDDEN_FRACTION` of them plus
-    :data:`HIDDEN_FLOOR_MS` (:func:`kb_nano.kernels.judge.hidden_ms`)."""
+    :data:`HIDDEN_FLOOR_MS` (:func:`kb_nano.kernels.blocks.hidden_ms`)."""
     hidden = hidden_ms(s)
     if hidden > _limit(s, device):
         raise Verdict("unsynced_work", f"the judge's clock around the candidate's batches of {calls} calls exceeds the "

@@ -10,7 +10,6 @@ everything it started; the next scenario gets a fresh one.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -20,6 +19,8 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+
+from kb_nano.kernels.procs import kill_tree, tree_cpu_s
 
 
 def use_abstract_unix_sockets() -> None:
@@ -66,54 +67,6 @@ class WorkerGone(Exception):
 
 class WorkerTimeout(Exception):
     """The worker did not answer before the scenario's deadline."""
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds used so far by process ``pid`` and every process below it, every
-    thread summed, from ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds; the
-    ``cpu_times`` of ``/proc/<pid>/stat`` count 10 ms clock ticks, too coarse to tell an
-    idle process from a busy one over a few milliseconds)."""
-    import psutil
-
-    pids = [pid]
-    with contextlib.suppress(psutil.Error):
-        pids += [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    total = 0
-    for p in pids:
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                pass
-    return total / 1e9
-
-
-def scheduling(pid: int) -> dict[int, tuple]:
-    """Per thread of ``pid``: its CPU affinity, scheduling policy and niceness (what the
-    judge restores and checks on the baseline worker, see
-    :meth:`kb_nano.kernels.judge.Measurement._check_baseline_scheduling`)."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError, ValueError):
-            t = int(tid)
-            out[t] = (frozenset(os.sched_getaffinity(t)), os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t))
-    return out
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a worker and every process it started (a candidate may spawn helpers)."""
-    import psutil
-
-    with contextlib.suppress(psutil.NoSuchProcess):
-        parent = psutil.Process(pid)
-        for proc in [*parent.children(recursive=True), parent]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
 
 
 class WorkerHandle:
@@ -331,9 +284,11 @@ class Pool:
         self.baseline.wait_ready(deadline)
         return self.baseline
 
-    def get_candidate(self, path: Path, target: str, settings: dict, log_fd: int, deadline: float) -> WorkerHandle:
+    def get_candidate(self, path: Path, target: str, settings: dict, log_fd: int, deadline: float,
+                      wait: bool = True) -> WorkerHandle:
         """The worker of candidate file ``path`` (started, sandboxed and importing the
-        candidate when there is none for the file's current bytes)."""
+        candidate when there is none for the file's current bytes), ready unless ``wait``
+        is false."""
         key = candidate_key(path, settings)
         stale = [k for k in self.candidates if k[0] == key[0] and k != key]
         for k in stale:
@@ -341,6 +296,8 @@ class Pool:
         handle = self.candidates.get(key)
         if handle is not None and handle.proc.is_alive():
             self.candidates.move_to_end(key)
+            if wait:
+                handle.wait_ready(deadline)
             return handle
         while len(self.candidates) >= MAX_CANDIDATE_WORKERS.get(self.device.split(":")[0], 8):
             self.discard(next(iter(self.candidates.values())))
@@ -354,9 +311,26 @@ class Pool:
                "HOME": str(scratch)}
         spec = {**self._spec("candidate", settings), "env": env, "path": str(path), "target": target,
                 "writable": [str(scratch), str(cache)], "hidden": [str(self.root / "results")]}
-        handle = WorkerHandle(self.ctx, spec, log_fd, deadline)
+        handle = WorkerHandle(self.ctx, spec, log_fd, deadline, wait=wait)
         self.candidates[key] = handle
         return handle
+
+    def warm(self, files: list[tuple[str, str]], settings: dict, log_fd: int, deadline: float) -> int:
+        """Start, without waiting, the workers of candidate files ``files`` (``(path,
+        target)`` pairs) that have none, as many as the cap leaves room for: on a GPU host a
+        worker's start (CUDA context, CUPTI) takes seconds, and started together they take
+        it once, on idle cores. Returns how many it started."""
+        started = 0
+        cap = MAX_CANDIDATE_WORKERS.get(self.device.split(":")[0], 8)
+        for path, target in files:
+            if len(self.candidates) >= cap:
+                break
+            p = Path(path)
+            if not p.is_file() or candidate_key(p, settings) in self.candidates:
+                continue
+            self.get_candidate(p, target, settings, log_fd, deadline, wait=False)
+            started += 1
+        return started
 
     def discard(self, handle: WorkerHandle | None) -> None:
         """Kill ``handle``'s worker and forget it."""

@@ -1,25 +1,24 @@
 """Clocks of a worker process, and the statistics the judge computes from them.
 
-Method:
+Method (docs/measurement.md has the full account):
 
-- Paired A/B (:mod:`kb_nano.kernels.judge`): the judge alternates a batch of calls of the
-  baseline worker and a batch of the candidate worker (ABAB), call ``i`` of both batches
-  on the same input values, so drift (clock boost, thermal state, other jobs) hits both
-  sides alike; the pairs feed a paired bootstrap interval (:func:`speedup_ci`).
+- Paired A/B in blocks (:mod:`kb_nano.kernels.judge`): the judge alternates a batch of
+  calls of the baseline worker and a batch of the candidate worker (ABAB), call ``i`` of
+  both batches on the same input values, so drift hits both sides alike. A block holds one
+  such pair per timer; the interval is over blocks (:func:`speedup_ci`), so it covers what
+  changes between blocks, not only between calls.
 - Fresh inputs: each call of a batch has its own input slot, and the judge writes
   never-seen values into every slot before every batch (untimed).
-- CPU (:func:`time_calls`): ``time.perf_counter_ns`` around each call.
-- CUDA (:func:`time_calls`): a CUDA event pair around each call on the current stream;
-  before each call the L2 cache is flushed by zeroing a buffer of twice the device's L2
-  size, at least ``triton.testing.do_bench``'s 256 MiB (:func:`l2_flush_bytes`); one
-  device-wide synchronize at the end of the batch. :func:`time_calls_wall` times each
-  call from the host with a device-wide ``torch.cuda.synchronize()`` after it, which
-  also waits for work the call left on other streams: :func:`hidden_work_ms` compares
-  the two.
-- CUDA graphs (:func:`time_graph`): the calls of one batch (one per input slot) captured
-  in one graph and replayed; per-call time is the replay time divided by the calls.
+- CPU, the eager timer (:func:`time_calls`): ``time.perf_counter_ns`` around each call.
+- CUDA, three timers, each with its own columns:
+  - eager (:func:`time_calls`): a CUDA event pair around each call on the current stream,
+    host launch included, the L2 flushed before each call (:class:`L2Flush`);
+  - kernel (:mod:`kb_nano.kernels.cupti`): the GPU time of the kernels one call runs, from
+    CUPTI activity records, L2 flushed before each call;
+  - graph (:func:`capture_graph`, :func:`time_graph`): the calls of one batch (one per
+    input slot, K of them) captured in one CUDA graph; a replay's event time divided by K.
 - Statistics: median and interquartile range per side; the speedup is the ratio of
-  medians with a paired bootstrap 95% confidence interval (:func:`speedup_ci`).
+  medians, its 95% confidence interval Student's t over the blocks (:func:`speedup_ci`).
 
 The clock and statistics functions are bound when this module is imported, which a
 worker does before it imports any candidate, so a candidate that later replaces
@@ -27,7 +26,7 @@ worker does before it imports any candidate, so a candidate that later replaces
 the worker calls (and :mod:`kb_nano.kernels.guard` reports the replacement as
 ``tampered``). A candidate can still forge what its own worker reports; the judge checks
 the reported times against its own clock around each batch
-(:func:`kb_nano.kernels.judge.hidden_ms`).
+(:func:`kb_nano.kernels.blocks.hidden_ms`).
 """
 
 from __future__ import annotations
@@ -46,35 +45,63 @@ _CUDAGraph = torch.cuda.CUDAGraph
 _graph = torch.cuda.graph
 _percentile = np.percentile
 _median = np.median
-_default_rng = np.random.default_rng
+_current_stream = torch.cuda.current_stream
+_stream = torch.cuda.stream
+_sum = torch.sum
 
-WALL_CHECK_RUNS = 20  # calls per side of the device-wide (host clock + synchronize) pass
-BOOTSTRAP_RESAMPLES = 2000
 DO_BENCH_FLUSH_BYTES = 256 * 1024 * 1024  # triton.testing.do_bench's cache-clearing buffer (256 MiB)
 
 
 def l2_flush_bytes(device: torch.device) -> int:
-    """Bytes zeroed before each timed CUDA call: twice the device's L2 cache
+    """Bytes read before each timed CUDA call: twice the device's L2 cache
     (``L2_cache_size`` of ``torch.cuda.get_device_properties``; H200: 60 MiB), and at least
-    the 256 MiB Triton's ``do_bench`` zeroes. The floor matters for small kernels: zeroing
+    the 256 MiB Triton's ``do_bench`` uses. The floor matters for small kernels: the flush
     keeps the GPU busy while the host launches the timed call (~65 us for 256 MiB on an
-    H200), so, as in ``do_bench``, host launch latency up to that long is not counted; with
-    only 2 x L2 (120 MiB) kb-nano measured launch-bound kernels up to 3.7x slower than
-    ``do_bench`` (bench/FIDELITY.md). 0 on a CPU (no flush there)."""
+    H200), so, as in ``do_bench``, host launch latency up to that long is not counted in
+    the eager time (bench/FIDELITY.md). 0 on a CPU (no flush there)."""
     if device.type != "cuda":
         return 0
     l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
     return max(2 * l2, DO_BENCH_FLUSH_BYTES)
 
 
+class L2Flush:
+    """Evicts the L2 cache by *reading* :func:`l2_flush_bytes` bytes (a ``torch.sum`` over a
+    float32 buffer), on a stream of its own that waits for the current stream and that the
+    current stream then waits for, so the flush runs between two calls and its kernels are
+    told apart from the call's by stream (:mod:`kb_nano.kernels.cupti`).
+
+    Reading, not zeroing: a zeroing flush (``do_bench``'s) leaves the L2 full of dirty
+    lines whose write-back the next kernel pays. Measured with CUPTI on the H200 (driver
+    580.159.04, 2026-12-01; bench/FIDELITY.md has the table from ``bench/fidelity.py``): a
+    4096 x 4096 bf16 Triton copy kernel took 79.7 us median after a 256 MiB zeroing flush
+    and 70.8 us after reading 256 MiB."""
+
+    mode = "read"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.nbytes = l2_flush_bytes(device)
+        self.buffer = torch.zeros(self.nbytes // 4, dtype=torch.float32, device=device)
+        self.sink = torch.empty((), dtype=torch.float32, device=device)
+        self.stream = torch.cuda.Stream(device)
+
+    def __call__(self) -> None:
+        current = _current_stream(self.device)
+        self.stream.wait_stream(current)
+        with _stream(self.stream):
+            _sum(self.buffer, dim=0, out=self.sink)
+        current.wait_stream(self.stream)
+
+
 def time_calls(call: Callable[[int], object], slots: range, device: torch.device,
-               flush: torch.Tensor | None, after: Callable[[int, object], None]) -> list[float]:
+               flush: L2Flush | None, after: Callable[[int, object], None]) -> list[float]:
     """Time one call per input slot in ``slots``; returns ms per call.
 
     ``call(i)`` runs the module on slot ``i``; ``after(i, out)`` (untimed) keeps the
     output (copies it to the judge's output slot). CPU: host clock around the call.
-    CUDA: ``flush`` zeroed before each call, an event pair around it, ``after`` queued on
-    the stream after the end event, one synchronize at the end."""
+    CUDA (the eager timer): ``flush()`` before each call, an event pair around it,
+    ``after`` queued on the stream after the end event, one synchronize at the end."""
     if device.type != "cuda":
         times = []
         for i in slots:
@@ -86,7 +113,7 @@ def time_calls(call: Callable[[int], object], slots: range, device: torch.device
     events = []
     for i in slots:
         if flush is not None:
-            flush.zero_()
+            flush()
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         start.record()
         out = call(i)
@@ -95,29 +122,6 @@ def time_calls(call: Callable[[int], object], slots: range, device: torch.device
         events.append((start, end))
     _synchronize(device)
     return [s.elapsed_time(e) for s, e in events]
-
-
-def time_calls_wall(call: Callable[[int], object], slots: range, device: torch.device,
-                    flush: torch.Tensor | None, after: Callable[[int, object], None]) -> tuple[list[float], list[float]]:
-    """CUDA device-wide pass: per call, the host clock from before the launch to after a
-    device-wide synchronize, and the event time of the same call, in ms:
-    ``(wall_ms, event_ms)``."""
-    walls, evs = [], []
-    for i in slots:
-        if flush is not None:
-            flush.zero_()
-        _synchronize(device)
-        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-        t0 = _perf_counter_ns()
-        start.record()
-        out = call(i)
-        end.record()
-        _synchronize(device)
-        walls.append((_perf_counter_ns() - t0) / 1e6)
-        evs.append(start.elapsed_time(end))
-        after(i, out)
-    _synchronize(device)
-    return walls, evs
 
 
 def capture_graph(call: Callable[[int], object], slots: range, device: torch.device):
@@ -139,36 +143,18 @@ def capture_graph(call: Callable[[int], object], slots: range, device: torch.dev
     return g, outs
 
 
-def time_graph(graph, device: torch.device, flush: torch.Tensor | None) -> float:
-    """One replay of ``graph`` in ms (event pair; L2 flushed first; synchronized)."""
+def time_graph(graph, device: torch.device, flush: L2Flush | None, replays: int = 1) -> float:
+    """``replays`` back-to-back replays of ``graph`` in ms (one event pair around them all;
+    L2 flushed first; synchronized)."""
     if flush is not None:
-        flush.zero_()
+        flush()
     start, end = _Event(enable_timing=True), _Event(enable_timing=True)
     start.record()
-    graph.replay()
+    for _ in range(replays):
+        graph.replay()
     end.record()
     _synchronize(device)
     return start.elapsed_time(end)
-
-
-def hidden_work_ms(base_wall, base_event, cand_wall, cand_event) -> float | None:
-    """Per-call device time the candidate's events missed, in ms: the median of
-    (device-wide wall - event) per candidate call, minus the same for the baseline (which
-    calibrates the host's launch and synchronize latency). A call that leaves work on
-    another stream returns before that work ends, so its event pair misses it while the
-    device-wide synchronize waits for it. None without samples (CPU)."""
-    if not cand_wall or not base_wall:
-        return None
-    gap_c = float(_median(np.subtract(cand_wall, cand_event)))
-    gap_b = float(_median(np.subtract(base_wall, base_event)))
-    return gap_c - gap_b
-
-
-def hidden_work_limit_ms(candidate_ms: float) -> float:
-    """The most unaccounted per-call time tolerated before a row is ``unsynced_work``:
-    half the candidate's median, at least 0.01 ms (10 us absorbs host-side jitter of
-    launch and synchronize; measured on the H200, see bench/FIDELITY.md)."""
-    return max(0.5 * candidate_ms, 0.01)
 
 
 def summarize(times_ms: list[float]) -> tuple[float, float]:
@@ -178,26 +164,39 @@ def summarize(times_ms: list[float]) -> tuple[float, float]:
     return float(q50), float(q75 - q25)
 
 
-def speedup_ci(
-    baseline_ms: list[float], candidate_ms: list[float], seed: int, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES
-) -> tuple[float, float]:
-    """Paired percentile-bootstrap confidence interval of ``median(baseline) /
-    median(candidate)``.
+# Student's t, two-sided 95%: t_{0.975, df} for df = 1..30 (NIST/SEMATECH e-Handbook of Statistical
+# Methods, table 1.3.6.7.2); above 30 the Cornish-Fisher expansion z + (z^3 + z) / (4 df)
+# + (5 z^5 + 16 z^3 + 3 z) / (96 df^2) (Abramowitz & Stegun 26.7.5), within 0.001 of the table at df = 30
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
-    Call ``i`` of each side ran on the same values in adjacent batches (ABAB), so pairs
-    are resampled together: ``resamples`` draws of ``n`` pair indices with replacement,
-    the ratio of medians of each draw, and the ``(1 - level) / 2`` and ``(1 + level) / 2``
-    quantiles of those ratios (Efron & Tibshirani, *An Introduction to the Bootstrap*,
-    1993, ch. 13). Deterministic for a given ``seed``. Raises ``ValueError`` when the
-    lists differ in length or are empty."""
-    b = np.asarray(baseline_ms, dtype=np.float64)
-    c = np.asarray(candidate_ms, dtype=np.float64)
-    if len(b) != len(c) or len(b) == 0:
-        raise ValueError(f"paired samples needed, got {len(b)} baseline and {len(c)} candidate times")
-    idx = _default_rng(seed).integers(0, len(b), size=(resamples, len(b)))
-    ratios = _median(b[idx], axis=1) / np.maximum(_median(c[idx], axis=1), 1e-12)
-    lo, hi = _percentile(ratios, [50 * (1 - level), 50 * (1 + level)])
-    return float(lo), float(hi)
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (see :data:`T975`)."""
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def speedup_ci(baseline_blocks: list[float], candidate_blocks: list[float]) -> tuple[float, float]:
+    """95% confidence interval of the speedup from per-block medians (ms) of the two sides.
+
+    Block ``b`` gives one ratio ``baseline_blocks[b] / candidate_blocks[b]`` (its two
+    batches ran back to back, ABAB, so drift cancels within the pair); the blocks are the
+    independent replicates, and the interval is Student's t over the logs of their
+    ratios, ``exp(mean +- t_{0.975, n-1} * sd / sqrt(n))``: the batch-means method (Law &
+    Kelton, *Simulation Modeling and Analysis*, 5th ed., 2015, sec. 9.5.3), which with few
+    replicates is wider than a bootstrap would be, as it should. Raises ``ValueError`` with
+    fewer than two blocks or unpaired lists."""
+    b = np.asarray(baseline_blocks, dtype=np.float64)
+    c = np.asarray(candidate_blocks, dtype=np.float64)
+    if len(b) != len(c) or len(b) < 2:
+        raise ValueError(f"paired blocks needed (at least 2), got {len(b)} baseline and {len(c)} candidate")
+    logs = np.log(np.maximum(b, 1e-12)) - np.log(np.maximum(c, 1e-12))
+    half = t975(len(logs) - 1) * float(np.std(logs, ddof=1)) / np.sqrt(len(logs))
+    mid = float(np.mean(logs))
+    return float(np.exp(mid - half)), float(np.exp(mid + half))
 
 
 def wait_briefly(seconds: float) -> None:

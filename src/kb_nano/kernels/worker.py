@@ -51,7 +51,8 @@ class Side:
         self.outputs: list[list[torch.Tensor]] = []
         self.held: collections.deque = collections.deque()
         self.held_bytes = 0
-        self.flush = None
+        self.flush = None  # CUDA: the L2 flush (timing.L2Flush)
+        self.kernel_timer = None  # CUDA: the CUPTI kernel timer (cupti.KernelTimer)
         self.graph = None
         self.mismatch = None
         self.pending = None
@@ -86,6 +87,8 @@ class Side:
 
         scenario = msg["scenario"]
         self.teardown()
+        if self.kernel_timer is not None:
+            self.kernel_timer.ready()  # CUPTI's threads start before any call is watched
         self.scenario_inputs = scenario["inputs"]
         self.op = self.operators.get(scenario["target"])
         init_args = dict(scenario["init_args"])
@@ -208,9 +211,11 @@ class Side:
         return {"spec": spec_of(out)}
 
     def batch(self, msg: dict) -> dict:
-        """Timed calls, one per slot in ``msg["slots"]``; ``mode``: ``warmup`` (untimed,
-        outputs not kept), ``time`` (the main pass), ``wall`` (CUDA device-wide pass) or
-        ``graph`` (the slots' calls captured in one CUDA graph, replayed once)."""
+        """Calls, one per slot in ``msg["start"]:msg["stop"]``; ``mode``: ``warmup``
+        (untimed, outputs not kept), ``time`` (the eager timer), ``kernel`` (CUDA: the CUPTI
+        kernel timer), ``capture`` (CUDA: the slots' calls captured in one CUDA graph, not
+        timed) or ``graph`` (that graph replayed ``msg["replays"]`` times back to back; each
+        call's time is their time divided by replays x calls)."""
 
         slots = range(msg["start"], msg["stop"])
         mode = msg["mode"]
@@ -225,21 +230,23 @@ class Side:
                     reply["times_ms"] = timing.time_calls(self.call, slots, self.device, self.flush, _drop)
                 elif mode == "time":
                     reply["times_ms"] = timing.time_calls(self.call, slots, self.device, self.flush, self.keep)
-                elif mode == "wall":
-                    reply["times_ms"], reply["event_ms"] = timing.time_calls_wall(self.call, slots, self.device,
-                                                                                  self.flush, self.keep)
+                elif mode == "kernel":
+                    reply = self.kernel_timer.time_calls(self.call, slots, self.keep)
+                elif mode == "capture":
+                    self.graph = None
+                    self.graph = timing.capture_graph(self.call, slots, self.device)
+                    return {"ok": True}
                 elif mode == "graph":
-                    if self.graph is None:
-                        self.graph = timing.capture_graph(self.call, slots, self.device)
-                    ms = timing.time_graph(self.graph[0], self.device, self.flush)
-                    reply["times_ms"] = [ms / len(slots)] * len(slots)
+                    replays = max(1, int(msg.get("replays", 1)))
+                    ms = timing.time_graph(self.graph[0], self.device, self.flush, replays)
+                    reply["times_ms"] = [ms / replays / len(slots)] * len(slots)
                     for k, out in zip(slots, self.graph[1]):
                         self.keep(k, out, hold=False)  # the graph's static outputs, the same every replay
                     timing._synchronize(self.device)
         except Exception as exc:
-            if mode == "graph":
+            if mode == "capture":
                 return {"graph_error": explain(exc)}
-            return {"violation": ["runtime_error", f"during the timed calls: {explain(exc)}"]}
+            return {"violation": ["runtime_error", f"during the timed calls ({mode}): {explain(exc)}"]}
         if mode != "warmup":
             # the rules run in a separate request (check_batch), outside the judge's clock
             self.pending = (checks.ThreadWatch(threads), older)

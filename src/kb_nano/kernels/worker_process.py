@@ -170,10 +170,12 @@ def main(conn, spec: dict) -> None:
     allow_tf32 = set_precision(spec["precision"]) if device.type == "cuda" else None
     side = Side(spec)
     if device.type == "cuda":
-        from kb_nano.kernels.timing import l2_flush_bytes
+        from kb_nano.kernels.cupti import KernelTimer
+        from kb_nano.kernels.timing import L2Flush
 
         torch.cuda.set_device(device)
-        side.flush = torch.empty(l2_flush_bytes(device), dtype=torch.int8, device=device)
+        side.flush = L2Flush(device)
+        side.kernel_timer = KernelTimer(device, side.flush)  # initialises CUPTI in a thread meanwhile
     ready = {"sandbox": sandbox, "allow_tf32": allow_tf32, "num_threads": torch.get_num_threads(), "pid": os.getpid()}
     if candidate:
         ready["violation"] = _load(side, spec)

@@ -1,0 +1,138 @@
+"""Blocks: the unit the judge repeats, the rule that stops it, and the GPU clock it records.
+
+A block (:meth:`kb_nano.kernels.judge.Measurement.block`) holds one ABAB pair of batches
+per timer: on a CPU the eager timer only; on CUDA the eager timer, the CUPTI kernel timer
+and one CUDA-graph replay per side. Each pair gives one median per side per timer, and the
+speedup's interval is a paired bootstrap over those block medians
+(:func:`kb_nano.kernels.timing.speedup_ci`), so it covers what changes between blocks
+(clocks, other work on the host, the allocator's state), not only call-to-call noise.
+
+Stopping (:func:`stop_reason`), after nvbench's noise-based stopping: on CUDA at least
+``min_blocks`` blocks, then stop when the interval's half-width is within ``ci_target``
+of the speedup, or when ``max_timing_s`` of timing has passed. On a CPU the block count is
+fixed (``min_blocks``; the 2-core CI machines are too noisy for a relative target to be
+reached in useful time).
+
+:class:`SmClock` reads the SM clock and the clock-event (throttle) reasons through NVML
+after every block.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from kb_nano.kernels import timing
+
+MIN_BLOCKS = {"cpu": 10, "cuda": 5}
+TIMERS = ("eager", "kernel", "graph")
+# NVML clock-event reasons that mean the SM clock was held down (nvml.h, nvmlClocksEventReason*):
+# software power cap, hardware slowdown, sync boost excluded (it follows another GPU), software
+# thermal, hardware thermal, hardware power brake
+THROTTLE_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+                    0x80: "hw_power_brake"}
+
+
+def new_pass() -> dict:
+    """The samples of one timer: per-call times of each side (``base``, ``cand``), the
+    judge's clock around each batch (``judge_*``), the sum each worker reported
+    (``rep_*``), each block's median (``block_*``), and per-call extras of the kernel timer
+    (``span_*``, ``kernels_*``, ``hidden``)."""
+    keys = ("base", "cand", "judge_base", "judge_cand", "rep_base", "rep_cand", "block_base", "block_cand",
+            "span_base", "span_cand", "kernels_base", "kernels_cand", "hidden")
+    return {k: [] for k in keys}
+
+
+def new_samples() -> dict:
+    """All the samples of one measurement (see :func:`new_pass`), plus ``blocks`` (count),
+    ``stop`` (why the blocks stopped), ``errors`` (timer -> why it has no samples) and
+    ``started`` (monotonic s when the first block began)."""
+    return {**{t: new_pass() for t in TIMERS}, "blocks": 0, "stop": None, "errors": {}, "started": None}
+
+
+def basis(requested: str, device: torch.device, errors: dict) -> str:
+    """The timer ``speedup`` uses: ``requested`` (``auto`` | ``eager`` | ``kernel`` |
+    ``graph``); ``auto`` = ``kernel`` on CUDA, ``eager`` on a CPU. A timer with no samples
+    (``errors``) falls back to the next of kernel, graph, eager; a CPU has only eager."""
+    if device.type != "cuda":
+        return "eager"
+    order = ["kernel", "graph", "eager"]
+    want = "kernel" if requested in (None, "auto") else requested
+    for timer in order[order.index(want):] + order[:order.index(want)]:
+        if timer == "eager" or timer not in errors:
+            return timer
+    return "eager"
+
+
+def stop_reason(s: dict, which: str, device: torch.device, settings: dict) -> str | None:
+    """Why the blocks stop now, or None to run another. ``which``: the basis timer."""
+    need = max(MIN_BLOCKS.get(device.type, 10), int(settings.get("min_blocks") or 0))
+    if s["blocks"] < need:
+        return None
+    if device.type != "cuda":
+        return "fixed"
+    p = s[which]
+    lo, hi = timing.speedup_ci(p["block_base"], p["block_cand"])
+    mid = timing.summarize(p["base"])[0] / max(timing.summarize(p["cand"])[0], 1e-12)
+    if (hi - lo) / 2 <= float(settings.get("ci_target") or 0.01) * mid:
+        return "ci_target"
+    if time.monotonic() - s["started"] >= float(settings.get("max_timing_s") or 1.0):
+        return "max_timing_s"
+    return None
+
+
+def hidden_ms(s: dict) -> float:
+    """Work the candidate did inside its batches but outside its reported call times, per
+    batch, in ms: the least, over batches, of the judge's clock around a candidate batch
+    minus the call times its worker reported, less the same least overhead of the
+    baseline's batches (the same IPC and output copies). Host jitter only ever adds time,
+    so the least overhead is its noise-free part; work a candidate moves out of its timed
+    calls (or a clock it slows down) is in every batch, so it stays."""
+    over_b = float(np.min(np.subtract(s["judge_base"], s["rep_base"])))
+    return float(np.min(np.subtract(s["judge_cand"], s["rep_cand"]))) - over_b
+
+
+class SmClock:
+    """The SM clock (MHz) and NVML's clock-event reasons of ``device``, sampled by
+    :meth:`sample`; :meth:`fields` gives the row's ``sm_clock_mhz`` (median),
+    ``sm_clock_min_mhz``, ``throttled`` and ``throttle_reasons``. All None when NVML is
+    not there (``nvidia-ml-py`` not installed, no driver): the row then says nothing about
+    clocks rather than something wrong."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.samples: list[tuple[int, int]] = []
+        self.handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            self.nvml = pynvml
+        except Exception:
+            self.handle = None
+
+    def sample(self) -> None:
+        if self.handle is None:
+            return
+        nv = self.nvml
+        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        try:
+            self.samples.append((int(nv.nvmlDeviceGetClockInfo(self.handle, nv.NVML_CLOCK_SM)), int(reasons(self.handle))))
+        except Exception:
+            self.handle = None
+
+    def fields(self) -> dict:
+        if not self.samples:
+            return {}
+        mhz = sorted(m for m, _ in self.samples)
+        seen = 0
+        for _, r in self.samples:
+            seen |= r
+        names = [n for bit, n in THROTTLE_REASONS.items() if seen & bit]
+        return {"sm_clock_mhz": float(mhz[len(mhz) // 2]), "sm_clock_min_mhz": float(mhz[0]),
+                "throttled": bool(names), "throttle_reasons": ",".join(names) or None}
