@@ -1,6 +1,6 @@
 """Tier-2 job planning from the ``e2e`` config section (torch-free, Snakefile parse time).
 
-A job is model × TP × workload × variant (DESIGN.md). A variant is ``baseline`` (no
+A job is model × TP × workload × variant (docs/architecture.md). A variant is ``baseline`` (no
 candidate) or a candidate set, named by its ids joined with ``+`` (``/`` -> ``.``), e.g.
 ``rms_norm.torch_fused+silu_and_mul.inplace``; the name spells the set, so editing one
 candidate reruns exactly the variants that contain it (its file is an input of those
@@ -184,7 +184,7 @@ def variants(root: Path, config: dict, device: str) -> list[str]:
 
 
 def shard_path(model_key: str, tp: int, workload: str, variant: str) -> str:
-    """Output shard of one e2e job (DESIGN.md data flow)."""
+    """Output shard of one e2e job (docs/architecture.md, "Data flow")."""
     return f"results/e2e/{model_key}/tp{tp}/{workload}/{variant}.parquet"
 
 

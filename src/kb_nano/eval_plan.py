@@ -193,5 +193,5 @@ def plan(root: Path, config: dict) -> dict:
 
 
 def shard_path(model_key: str, tp: int, workload: str, variant: str) -> str:
-    """Output shard of one eval job (DESIGN.md data flow: ``results/eval/...``)."""
+    """Output shard of one eval job (docs/architecture.md, "Data flow": ``results/eval/...``)."""
     return f"results/eval/{model_key}/tp{tp}/{workload}/{variant}.parquet"

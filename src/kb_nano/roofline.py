@@ -1,5 +1,5 @@
 """Roofline bound of one call, from the device's measured copy bandwidth and matmul rate,
-to flag implausible speedups for review (issue 7).
+to flag implausible speedups for review.
 
 A call that moves ``bytes_moved`` bytes and does ``flops`` floating-point operations
 (the operator's minimum traffic, recorded in the manifest) cannot take less than

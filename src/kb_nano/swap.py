@@ -1,7 +1,7 @@
 """Kernel swapper: put candidate kernels into a model's module tree.
 
 :func:`apply` replaces the modules of a model that a candidate's target covers, bottom-up
-(DESIGN.md "Candidates", conflict resolution):
+(docs/architecture.md, "Candidates"):
 
 1. Candidates are sorted by level (L1 single ops, then L2 blocks, L3 decoder layers, L4 the
    model). At most one candidate per target.

@@ -1,4 +1,4 @@
-"""MLflow tracking: the single writer of a tier's merged results (DESIGN.md "Tracking").
+"""MLflow tracking: the single writer of a tier's merged results (docs/architecture.md, "Tracking").
 
 One experiment per tier (``kb_nano/kernels``, ``kb_nano/e2e``, ``kb_nano/eval``), one run
 per merged result set. A run is keyed by a digest of its inputs (:func:`result_digest`:

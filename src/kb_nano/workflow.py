@@ -1,6 +1,6 @@
 """Helpers the Snakefile calls at parse time: config checks, candidate discovery,
 job selection from the manifest. Torch-free and transformers-free (parse time must
-stay cheap: see DESIGN.md "nothing heavy at parse time")."""
+stay cheap: see docs/architecture.md, "Parse time")."""
 
 from __future__ import annotations
 

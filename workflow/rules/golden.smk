@@ -1,4 +1,4 @@
-# Golden tensors (DESIGN.md "Data flow"): real inputs of attention, fused_moe and sampler
+# Golden tensors (docs/architecture.md, "Data flow"): real inputs of attention, fused_moe and sampler
 # captured from a model run. Built on request (`kb_nano capture-golden --model ID` or
 # `snakemake results/golden/{model}`); kernel jobs read them through a param holding their
 # digest (common.smk golden_param), not an input, so a kernel sweep never triggers a capture.

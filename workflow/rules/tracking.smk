@@ -1,4 +1,4 @@
-# Plots of the merged results and the single MLflow writer (DESIGN.md "Tracking").
+# Plots of the merged results and the single MLflow writer (docs/architecture.md, "Tracking").
 # The tier is a parameter of both scripts, so e2e/eval tiers reuse them.
 from kb_nano.tracking import marker_path, resolve_tracking_uri
 
