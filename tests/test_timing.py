@@ -370,3 +370,15 @@ def test_first_overlap_finds_reused_buffers_among_many_outputs():
     assert checks.first_overlap([*fresh, older[7]], older) is not None  # an older buffer returned again
     assert checks.first_overlap([fresh[3], fresh[3]], []) is not None  # the same buffer twice in one batch
     assert checks.first_overlap([a[0:64:2], a[1:64:2]], []) is None  # interleaved views share no byte
+
+
+def test_sm_clock_fields_name_the_throttle_reasons():
+    from kb_nano.kernels.blocks import SmClock
+
+    clock = SmClock(torch.device("cpu"))
+    assert clock.handle is None and clock.fields() == {}  # a CPU row says nothing about clocks
+    clock.samples = [(1980, 0), (1755, 0x4), (1980, 0x1)]  # idle bit (0x1) is not throttling
+    assert clock.fields() == {"sm_clock_mhz": 1980.0, "sm_clock_min_mhz": 1755.0, "throttled": True,
+                              "throttle_reasons": "sw_power_cap"}
+    clock.samples = [(1980, 0x1)]
+    assert clock.fields()["throttled"] is False and clock.fields()["throttle_reasons"] is None

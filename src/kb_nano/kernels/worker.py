@@ -87,8 +87,6 @@ class Side:
 
         scenario = msg["scenario"]
         self.teardown()
-        if self.kernel_timer is not None:
-            self.kernel_timer.ready()  # CUPTI's threads start before any call is watched
         self.scenario_inputs = scenario["inputs"]
         self.op = self.operators.get(scenario["target"])
         init_args = dict(scenario["init_args"])

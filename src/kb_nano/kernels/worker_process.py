@@ -246,6 +246,8 @@ def _handle(side: Side | None, conn, msg: dict) -> dict:
         return side.supports()
     if cmd == "setup":
         return side.setup(msg)
+    if cmd in ("probe", "trial", "batch") and side.kernel_timer is not None:
+        side.kernel_timer.ready()  # CUPTI's own threads exist before any call is watched (builds overlap it)
     if cmd == "probe":
         with torch.inference_mode():
             out = side.call(0)
