@@ -158,7 +158,7 @@ def test_lost_race_deletes_the_duplicate(tmp_path, monkeypatch):
         calls.append(digest)
         return [] if len(calls) == 1 else real(c, exp_id, digest)
 
-    monkeypatch.setattr(tracking, "find_runs_by_digest", blind_first_look)
+    monkeypatch.setattr(tracking.runs, "find_runs_by_digest", blind_first_look)
     second = tracking.log_kernels(**kwargs, tracking_uri=uri)
     assert not second["created"] and second["run_id"] == first["run_id"]
     assert [r.info.run_id for r in _runs(uri)] == [first["run_id"]]  # the duplicate is deleted

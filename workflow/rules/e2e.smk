@@ -54,7 +54,7 @@ rule log_mlflow_e2e:
     input:
         parquet="results/e2e.parquet",
         json=E2E_OUTPUT_JSON,
-        code=str(kbw.PACKAGE_DIR / "tracking.py"),
+        code=sorted(str(p) for p in (kbw.PACKAGE_DIR / "tracking").glob("*.py")),
     output:
         marker_path("e2e"),
     log:

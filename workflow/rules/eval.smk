@@ -26,7 +26,7 @@ rule log_mlflow_eval:
     input:
         parquet="results/eval.parquet",
         json=EVAL_OUTPUT_JSON,
-        code=str(kbw.PACKAGE_DIR / "tracking.py"),
+        code=sorted(str(p) for p in (kbw.PACKAGE_DIR / "tracking").glob("*.py")),
     output:
         marker_path("eval"),
     log:

@@ -45,7 +45,7 @@ rule log_mlflow_kernels:
         json=config["output_json"],
         manifest=MANIFEST,
         plots=rules.plot_kernels.output,
-        code=str(kbw.PACKAGE_DIR / "tracking.py"),
+        code=sorted(str(p) for p in (kbw.PACKAGE_DIR / "tracking").glob("*.py")),
     output:
         marker_path("kernels"),
     log:

@@ -1,0 +1,192 @@
+"""The MLflow store: its URI (flag > ``$MLFLOW_TRACKING_URI`` > config > ``results/mlflow.db``),
+the client, the writers' lock and the retry on a locked SQLite file (no mlflow or torch
+at import: the Snakefile resolves the URI at parse time)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from kb_nano.errors import KbNanoError
+
+EXPERIMENT_PREFIX = "kb_nano"
+TIERS = ("kernels", "e2e", "eval")
+DEFAULT_DB = Path("results/mlflow.db")
+ARTIFACTS_DIR_NAME = "mlflow-artifacts"
+CONFIG_KEY = "mlflow_tracking_uri"
+ENV_VAR = "MLFLOW_TRACKING_URI"
+DIGEST_TAG = "kb_nano.digest"
+TAG_PREFIX = "kb_nano."
+CANDIDATE_TAG_PREFIX = "kb_nano.candidate."
+# Tier -> artifact path (inside the run) of the merged JSON whose "rows" --compare reads.
+ROWS_ARTIFACT = {"kernels": "results/kernels.json", "e2e": "results/e2e.json", "eval": "results/eval.json"}
+MARKER = "results/mlflow/{tier}.json"  # output of the log rule of each tier
+MAX_PARAM_CHARS = 6000  # MLflow's param value limit
+MAX_TAG_CHARS = 8000  # MLflow's tag value limit
+
+
+
+
+
+def experiment_name(tier: str) -> str:
+    """``kb_nano/{tier}``; raises ``KbNanoError`` for a tier not in :data:`TIERS`."""
+    if tier not in TIERS:
+        raise KbNanoError(f"unknown tier {tier!r}; known: {', '.join(TIERS)}")
+    return f"{EXPERIMENT_PREFIX}/{tier}"
+
+
+def marker_path(tier: str) -> str:
+    """The log rule's output for ``tier`` (relative to the workflow root): a JSON record
+    of the run (run_id, experiment, digest, tracking URI, created)."""
+    experiment_name(tier)
+    return MARKER.format(tier=tier)
+
+
+def default_tracking_uri(root: Path) -> str:
+    """The embedded store: ``sqlite:////<abs root>/results/mlflow.db``."""
+    return "sqlite:///" + str((Path(root) / DEFAULT_DB).resolve())
+
+
+def resolve_tracking_uri(root: Path, config: dict | None = None, explicit: str | None = None) -> str:
+    """The tracking URI to use: ``explicit`` (a CLI flag), else ``$MLFLOW_TRACKING_URI``,
+    else ``config['mlflow_tracking_uri']``, else :func:`default_tracking_uri`. Empty
+    strings count as unset. A relative SQLite path (``sqlite:///results/x.db``) or a plain
+    file path ending in ``.db`` is made absolute against ``root``.
+
+    Raises ``KbNanoError`` for an in-memory SQLite URI (nothing would be recorded).
+    Cheap: no mlflow import.
+    """
+    for value in (explicit, os.environ.get(ENV_VAR), (config or {}).get(CONFIG_KEY)):
+        if value and str(value).strip():
+            return _normalize(str(value).strip(), Path(root))
+    return default_tracking_uri(root)
+
+
+def _normalize(uri: str, root: Path) -> str:
+    if uri.startswith("sqlite:"):
+        if not uri.startswith("sqlite:///") or uri[len("sqlite:///") :] in ("", ":memory:"):
+            raise KbNanoError(f"tracking URI {uri!r}: an in-memory SQLite store keeps nothing; use sqlite:////abs/path.db")
+        path = Path(uri[len("sqlite:///") :])
+        if not path.is_absolute():
+            path = (root / path).resolve()
+        return "sqlite:///" + str(path)
+    if "://" not in uri and uri.endswith(".db"):
+        return "sqlite:///" + str((root / uri).resolve())
+    scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else ""
+    if scheme not in ("http", "https", "file", "postgresql", "mysql", "mssql") and uri != "databricks":
+        raise KbNanoError(
+            f"tracking URI {uri!r}: not an MLflow store; use sqlite:////abs/path.db, http(s)://host:port, or a *.db path"
+        )
+    return uri
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of an absolute ``sqlite:///`` URI, else None."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///") :])
+    return None
+
+
+def is_server(uri: str) -> bool:
+    """True for an ``http(s)://`` tracking server."""
+    return uri.startswith(("http://", "https://"))
+
+
+def artifact_root(uri: str) -> Path | None:
+    """Where a SQLite store keeps artifacts: ``<db dir>/mlflow-artifacts``; None for other
+    stores (a server decides itself)."""
+    db = sqlite_path(uri)
+    return db.parent / ARTIFACTS_DIR_NAME if db else None
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """For a server URI, GET ``{uri}/health``; raises ``KbNanoError`` (one line) when it
+    does not answer within ``timeout_s`` seconds. No-op for other stores."""
+    if not is_server(uri):
+        return
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            resp.read(64)
+    except urllib.error.HTTPError as exc:
+        if exc.code < 500:
+            return  # it answers (e.g. a proxy without /health): good enough
+        reason = f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = " ".join(str(getattr(exc, "reason", exc)).split())
+    else:
+        return
+    raise KbNanoError(
+        f"MLflow tracking server {uri} is unreachable ({reason}); start it, or unset "
+        f"{ENV_VAR} / config {CONFIG_KEY} to use the embedded SQLite store"
+    )
+
+
+def client(uri: str):
+    """An ``mlflow.MlflowClient`` on ``uri`` after :func:`check_reachable`; creates the
+    parent directory of an SQLite database. Raises ``KbNanoError`` for an unreachable server."""
+    check_reachable(uri)
+    db = sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    _quiet_mlflow()
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _quiet_mlflow() -> None:
+    import logging
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+@contextlib.contextmanager
+def store_lock(uri: str, timeout_s: float = 600.0):
+    """Exclusive lock for writers of an SQLite store (``<db>.lock``, ``fcntl.flock``,
+    released when the block ends or the process dies); no-op for other stores.
+    Raises ``KbNanoError`` if not acquired within ``timeout_s`` seconds."""
+    db = sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    import fcntl
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = db.with_name(db.name + ".lock")
+    with open(lock_path, "a") as fh:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise KbNanoError(f"{lock_path}: another writer held the MLflow store lock for {timeout_s:.0f} s") from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _retry(fn, *args, attempts: int = 8, **kwargs):
+    """Call ``fn``; on SQLite ``database is locked`` (a reader such as the UI holding the
+    file) retry with exponential backoff (0.25 s doubling, capped at 8 s)."""
+    delay = 0.25
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # MlflowException wraps sqlalchemy's OperationalError
+            if "database is locked" not in str(exc) or i == attempts - 1:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
