@@ -158,11 +158,18 @@ def test_garbage_tracking_uri_is_an_error(work):
     assert out.returncode == 2 and "not an MLflow store" in out.stderr, out.stderr
 
 
+def _ignore_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what `cmd &` in a non-interactive shell does
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGINT, started with SIGINT ignored"])
 def test_a_signal_to_kb_nano_alone_stops_the_whole_run(tmp_path, sig):
-    # kill -INT / -TERM to the kb_nano process only (a script, nohup, a scheduler): the
-    # Snakemake run below it stops too, keeps what finished and leaves no process behind
+    # kill -INT / -TERM to the kb_nano process only (a script, nohup, a scheduler, a
+    # background job whose shell set SIGINT to ignored): the Snakemake run below it stops
+    # too, keeps what finished and leaves no process behind
     import signal
     import subprocess
     import sys
@@ -175,7 +182,9 @@ def test_a_signal_to_kb_nano_alone_stops_the_whole_run(tmp_path, sig):
         [sys.executable, "-m", "kb_nano.cli", "kernels", "--target", "embedding", "--model", "llama31-8b", "qwen3-8b",
          "--tp", "1", "4", "--num-tokens", "1", "64"],
         cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "KB_NANO_ROOT": str(work)}, start_new_session=True)
+        env={**os.environ, "KB_NANO_ROOT": str(work)}, start_new_session=True,
+        preexec_fn=_ignore_sigint if "ignored" in sig else None)
+    sig = sig.split(",")[0]
     try:
         deadline = time.monotonic() + 120
         while not list((work / "results/logs/kernels").rglob("*.log")) and time.monotonic() < deadline:
@@ -194,3 +203,26 @@ def test_a_signal_to_kb_nano_alone_stops_the_whole_run(tmp_path, sig):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_bad_flag_value_is_one_line():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "kb_nano.cli", "kernels", "--speedup-basis", "fastest"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "invalid choice: 'fastest'" in out.stderr and "kb_nano kernels --help" in out.stderr
+
+
+def test_cuda_only_settings_change_no_cpu_job():
+    """On a CPU run the CUDA-only settings keep their defaults in the jobs' params (so
+    setting them reruns nothing) and the CLI names them."""
+    from kb_nano import workflow as kbw
+
+    base = {"device": "cpu", "num_warmup": 1, "num_runs": 2, "timeout_s": 5, "atol": None, "rtol": None}
+    changed = {**base, "speedup_basis": "kernel", "cuda_graph": False, "ci_target": 0.05}
+    assert kbw.settings(changed) == kbw.settings(base)
+    assert kbw.cpu_ignored(changed) == ["cuda_graph=False", "speedup_basis=kernel", "ci_target=0.05"]
+    on_gpu = {**changed, "device": "cuda"}
+    assert kbw.cpu_ignored(on_gpu) == [] and kbw.settings(on_gpu)["speedup_basis"] == "kernel"

@@ -15,24 +15,29 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding  # noqa: E402
-from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RotaryEmbedding  # noqa: E402
+from transformers.models.llama.modeling_llama import (  # noqa: E402
+    LlamaDecoderLayer,
+    LlamaRotaryEmbedding,
+)
+from transformers.models.qwen3.modeling_qwen3 import (  # noqa: E402
+    Qwen3DecoderLayer,
+    Qwen3RotaryEmbedding,
+)
 
 from kb_nano import operators  # noqa: E402
+from kb_nano.candidates import load_class  # noqa: E402
 from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
 from kb_nano.kernels.measure import measure_once as measure  # noqa: E402
-from kb_nano.candidates import load_class  # noqa: E402
 from kb_nano.manifest import generate  # noqa: E402
 from kb_nano.models import load_config, model_facts, resolve  # noqa: E402
 from kb_nano.operators.base import NotApplicable, tolerance_for  # noqa: E402
+from kb_nano.operators.hf_modules import config_from_facts, hf_config  # noqa: E402
 from kb_nano.operators.layers import (  # noqa: E402
     LAYER_MAX_PARAMS,
     MODEL_MAX_PARAMS,
     MODEL_NUM_LAYERS,
     CausalLM,
     DecoderLayer,
-    config_from_facts,
-    hf_config,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from kb_nano import gpus, operators
+from kb_nano import workflow as kbw
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
 
@@ -119,8 +120,6 @@ def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: boo
     models, output paths of every tier, a GPU for ``cuda`` (not needed for a ``dry_run``).
     Returns the effective config. Raises ``KbNanoError``."""
     import jsonschema
-
-    from kb_nano import workflow as kbw
 
     config = {**base, **overrides}
     schema = yaml.safe_load((root / "workflow/schemas/config.schema.yaml").read_text())
@@ -236,7 +235,8 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         # and when it dies (PR_SET_PDEATHSIG), so its jobs stop, finished shards stay and
         # its lock is released however kb_nano was stopped.
         proc = subprocess.Popen(cmd, cwd=root, env=env, process_group=0, preexec_fn=_interrupt_when_parent_dies)
-        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        # SIGINT too: a kb_nano started with `&` from a script inherits SIGINT ignored
+        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             return proc.wait()
         except KeyboardInterrupt:
@@ -259,9 +259,12 @@ def _raise_interrupt(signum, frame) -> None:
 
 
 def _interrupt_when_parent_dies() -> None:
-    """In the Snakemake child, before exec: SIGINT when kb_nano dies, even by SIGKILL."""
+    """In the Snakemake child, before exec: SIGINT when kb_nano dies, even by SIGKILL; and
+    SIGINT's default action back (a background job of a script starts with SIGINT ignored,
+    and Python then would not turn it into KeyboardInterrupt)."""
     import ctypes
 
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
 
@@ -367,6 +370,10 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     base = _base_config(root, args.configfile)
     config = _overrides(args, root, base)
     effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    ignored = kbw.cpu_ignored(effective)
+    if ignored:
+        print(f"note: {', '.join(ignored)} change nothing on a CPU run (a CPU has the eager timer only; rows "
+              "say speedup_basis=eager)", file=sys.stderr)
     if args.map:
         return cmd_map(args, root, base)
     output_json = effective["output_json"]
@@ -767,9 +774,17 @@ def _snakemake_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command and rule details")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``kb_nano kernels: error: ...`` and how to get help),
+    not the whole usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kb_nano``."""
-    parser = argparse.ArgumentParser(prog="kb_nano", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="kb_nano", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     k = sub.add_parser("kernels", help="Tier 1: candidates vs baselines on real model shapes")

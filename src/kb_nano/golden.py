@@ -128,7 +128,7 @@ def _build_model(config: dict, num_layers: int, weights: Path | None, dtype):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from kb_nano.operators.layers import hf_config
+    from kb_nano.operators.hf_modules import hf_config
 
     cfg = hf_config(config, num_hidden_layers=num_layers, attn_implementation=CAPTURE_ATTENTION)
     cfg.dtype = dtype

@@ -173,9 +173,32 @@ def missing_shard_candidates(jobs: list) -> list[tuple[str, str]]:
     return list(out.values())
 
 
+CUDA_ONLY = {"cuda_graph": True, "speedup_basis": "auto", "ci_target": 0.01, "max_timing_s": 1.0}  # and their defaults
+
+
+def runs_on_cpu(config: dict) -> bool:
+    """Whether kernel jobs of ``config`` run on a CPU: ``device: cpu``, or ``auto`` on a
+    host with no GPU in its pool (:func:`kb_nano.gpus.pool`; torch-free)."""
+    from kb_nano import gpus
+
+    device = str(config.get("device", "auto"))
+    return device == "cpu" or (device == "auto" and not gpus.pool())
+
+
+def cpu_ignored(config: dict) -> list[str]:
+    """The CUDA-only settings of ``config`` set away from their defaults on a CPU run
+    (:data:`CUDA_ONLY`), as ``key=value`` (empty on CUDA)."""
+    if not runs_on_cpu(config):
+        return []
+    return [f"{k}={config[k]}" for k, v in CUDA_ONLY.items() if config.get(k) is not None and config[k] != v]
+
+
 def settings(config: dict) -> dict:
     """The measurement settings handed to every kernel job (a Snakemake param, so a
-    change reruns the jobs)."""
+    change reruns the jobs). On a CPU run the CUDA-only ones (:data:`CUDA_ONLY`) keep
+    their defaults: they change nothing there, so they rerun nothing."""
+    if cpu_ignored(config):
+        config = {**config, **CUDA_ONLY}
     return {
         "device": config["device"],
         # None (null in the config) = each operator's own tolerance (kb_nano.kernels.compare.tolerance).

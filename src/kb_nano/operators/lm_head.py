@@ -22,7 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kb_nano.operators.base import DTYPES, TOLERANCES, Operator, element_size, normal, shard
+from kb_nano.operators.base import (
+    DTYPES,
+    TOLERANCES,
+    Operator,
+    element_size,
+    normal,
+    shard,
+)
 from kb_nano.operators.embedding import PADDING_SIZE, pad_vocab_size
 
 

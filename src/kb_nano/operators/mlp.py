@@ -28,7 +28,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from kb_nano.operators.activations import GELU_TANH_ACTS, GeluAndMul, SiluAndMul
-from kb_nano.operators.base import TOLERANCES, NotApplicable, Operator, element_size, normal, shard
+from kb_nano.operators.base import (
+    TOLERANCES,
+    NotApplicable,
+    Operator,
+    element_size,
+    normal,
+    shard,
+)
 from kb_nano.operators.moe import is_moe
 
 SUPPORTED_ACTS = ("silu", *GELU_TANH_ACTS)

@@ -12,7 +12,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kb_nano.operators.base import Operator, element_size, kv_heads_per_rank, normal, shard
+from kb_nano.operators.base import (
+    Operator,
+    element_size,
+    kv_heads_per_rank,
+    normal,
+    shard,
+)
 
 
 class RMSNorm(nn.Module):

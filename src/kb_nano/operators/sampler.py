@@ -26,7 +26,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kb_nano.operators.base import TOLERANCES, Operator, exponential, normal, randint, uniform
+from kb_nano.operators.base import (
+    TOLERANCES,
+    Operator,
+    exponential,
+    normal,
+    randint,
+    uniform,
+)
 
 MAX_TOP_K = 64
 LOGIT_STD = 3.0
