@@ -23,7 +23,8 @@ from kb_nano.operators.activations import SiluAndMul  # noqa: E402
 from kb_nano.operators.layers import CausalLM, DecoderLayer  # noqa: E402
 from kb_nano.operators.norms import RMSNorm  # noqa: E402
 from kb_nano.operators.rotary import RotaryEmbedding  # noqa: E402
-from kb_nano.swap import Match, SubsumptionWarning, Subsumed, SwapError  # noqa: E402
+from kb_nano.swap import SubsumptionWarning, Subsumed, SwapError  # noqa: E402
+from kb_nano.swap_matches import Match, active_matches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES = {c.id: c for c in discover(ROOT)}
@@ -251,12 +252,12 @@ def test_table_ignores_absent_targets_and_classes():
         Match("kb_nano.operators.norms:RMSNorm", "not_a_target", lambda m: {}),
         Match("no.such.module:Thing", "silu_and_mul", lambda m: {}),
     ]
-    rows = swap.active_matches(table)
+    rows = active_matches(table)
     assert list(rows) == [RMSNorm] and rows[RMSNorm].target == "rms_norm"
     # the default table: every row's target is registered and its class importable
-    for cls, row in swap.active_matches().items():
+    for cls, row in active_matches().items():
         assert row.target in operators.CATALOG and isinstance(cls, type)
-    targets = {row.target for row in swap.active_matches().values()}
+    targets = {row.target for row in active_matches().values()}
     assert {"rms_norm", "silu_and_mul", "rotary_embedding", "embedding", "decoder_layer", "model"} <= targets
     # a candidate whose target matches nothing is simply not active
     result = swap.apply(nn.Sequential(nn.Linear(4, 4)), [CANDIDATES[RMS]])

@@ -1,0 +1,171 @@
+"""The CLI's config: the embedded default and ``--configfile`` layered with the flags, and the checks that give bad input one line before Snakemake starts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import yaml
+
+from kb_nano import gpus, operators
+from kb_nano import workflow as kbw
+from kb_nano.errors import KbNanoError
+
+DEFAULT_CONFIG = Path("config/config.yaml")
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise KbNanoError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KbNanoError(f"{path}: cannot read the config file ({type(exc).__name__}: {exc.strerror if isinstance(exc, OSError) else 'not UTF-8'})") from None
+    except yaml.YAMLError as exc:
+        raise KbNanoError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
+    if not isinstance(data, dict):
+        raise KbNanoError(f"{path}: must be a YAML mapping of config keys (see config/config.yaml)")
+    return data
+
+
+def base_config(root: Path, configfile: str | None) -> dict:
+    """``config/config.yaml`` updated with ``--configfile`` as Snakemake layers them:
+    nested sections (``e2e``, ``eval``, ``golden``) are merged key by key
+    (``snakemake.utils.update_config``), other keys replaced."""
+    from snakemake.utils import update_config
+
+    config = _read_yaml(root / DEFAULT_CONFIG)
+    if configfile:
+        update_config(config, _read_yaml(Path(configfile)))
+    return config
+
+
+def select_models(requested: list[str], configured: list[str], root: Path) -> list[str]:
+    """Model specs for a run: each requested value keeps the configured models whose key
+    starts with it (``llama31`` -> ``llama31-8b``); a value matching none is resolved on
+    its own (key, vendored Hub id or path). Raises ``KbNanoError`` for an unknown model."""
+    from kb_nano.models import resolve
+
+    keys = {spec: resolve(spec, root).key for spec in configured}
+    chosen: list[str] = []
+    # Paths on the command line are relative to the user's directory, not the workflow root.
+    requested = [str(Path(w).resolve()) if Path(w).exists() and not (root / "config/models" / w).exists() else w for w in requested]
+    for want in requested:
+        hits = [spec for spec, key in keys.items() if key.startswith(want) or spec == want]
+        if not hits:
+            resolve(want, root)
+            hits = [want]
+        chosen += [h for h in hits if h not in chosen]
+    return chosen
+
+
+def config_overrides(args, root: Path, base: dict) -> dict:
+    cfg: dict = {}
+    if getattr(args, "model", None):
+        cfg["models"] = select_models(args.model, base.get("models") or [], root)
+    for flag, key in (("tp", "tp"), ("num_tokens", "num_tokens")):
+        if getattr(args, flag, None):
+            cfg[key] = args.__dict__[flag]
+    for flag, key in (("target", "targets"), ("category", "categories"), ("candidate", "candidates")):
+        if getattr(args, flag, None):
+            cfg[key] = getattr(args, flag)
+    for flag in ("num_warmup", "num_runs", "num_trials", "atol", "rtol", "device", "output_json", "timeout_s", "dtype",
+                 "cuda_graph", "speedup_basis", "float32_matmul_precision", "memory_limit_gb", "seed"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            cfg[flag] = value
+    for name in cfg.get("targets", []):
+        operators.check_target(name, where="--target")
+    categories = sorted({e.category for e in operators.CATALOG.values()})
+    for cat in cfg.get("categories", []):
+        if cat not in categories:
+            raise KbNanoError(f"--category: unknown category {cat!r}; known: {', '.join(categories)}")
+    return cfg
+
+
+_FLAG_FOR_KEY = {
+    "models": "--model", "tp": "--tp", "num_tokens": "--num-tokens", "targets": "--target",
+    "categories": "--category", "candidates": "--candidate", "num_warmup": "--num-warmup",
+    "num_runs": "--num-runs", "atol": "--atol", "rtol": "--rtol", "device": "--device",
+    "timeout_s": "--timeout-s", "output_json": "--output-json", "dtype": "--dtype",
+    "num_trials": "--num-trials", "cuda_graph": "--cuda-graph", "float32_matmul_precision": "--float32-matmul-precision",
+    "memory_limit_gb": "--memory-limit-gb", "seed": "--seed", "speedup_basis": "--speedup-basis",
+}
+
+
+def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: bool = False) -> dict:
+    """Check the effective config before Snakemake starts, so bad input gets one line:
+    schema (``workflow/schemas/config.schema.yaml``), targets/categories, candidate files,
+    models, output paths of every tier, a GPU for ``cuda`` (not needed for a ``dry_run``).
+    Returns the effective config. Raises ``KbNanoError``."""
+    import jsonschema
+
+    config = {**base, **overrides}
+    schema = yaml.safe_load((root / "workflow/schemas/config.schema.yaml").read_text())
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        key = error.absolute_path[0] if error.absolute_path else None
+        origin = _FLAG_FOR_KEY.get(key, key) if key in overrides else source
+        hint = ""
+        if error.validator == "type" and isinstance(error.instance, str):
+            with contextlib.suppress(ValueError):
+                float(error.instance)
+                hint = f" (YAML reads {error.instance} as a string; write it with a decimal point, e.g. 5.0e3)"
+        raise KbNanoError(f"{origin}: {where}: {error.message}{hint}")
+    kbw.check_config(config)
+    kbw.candidates(root, config)
+    kbw.model_config_files(root, config)
+    if str(config["device"]).startswith("cuda") and not gpus.pool():
+        raise KbNanoError(f"device {config['device']!r}: no NVIDIA GPU is visible here; use --device auto or cpu")
+    for tier, where in (("kernels", config), ("e2e", config.get("e2e") or {}), ("eval", config.get("eval") or {})):
+        if where.get("output_json"):
+            _check_output_json(root, where["output_json"], tier, config)
+    for section in ("e2e", "eval"):
+        dev = (overrides.get(section) or {}).get("device")
+        if dev == "cuda" and not gpus.pool() and not dry_run:  # planning needs no GPU
+            raise KbNanoError("--device cuda: no NVIDIA GPU is visible here; use --device auto or cpu")
+    from kb_nano.tracking import check_reachable, is_server, resolve_tracking_uri
+
+    uri = resolve_tracking_uri(root, config)
+    if is_server(uri):
+        check_reachable(uri)
+    return config
+
+
+def _check_output_json(root: Path, output_json: str, tier: str = "kernels", config: dict | None = None) -> None:
+    """The merged JSON of ``tier`` must land in a writable place that no other output
+    uses: not a file of the workflow itself (only under ``results/`` or outside the
+    workflow directory), not another tier's JSON or any Parquet/manifest/MLflow output,
+    not a directory. Raises ``KbNanoError`` (one line)."""
+    path = Path(output_json) if Path(output_json).is_absolute() else root / output_json
+    real, results = path.resolve(), (root / "results").resolve()
+    others = {t: (c or {}).get("output_json") for t, c in (("kernels", config), ("e2e", (config or {}).get("e2e")),
+                                                              ("eval", (config or {}).get("eval"))) if t != tier}
+    reserved = {root / f"results/{t}.parquet" for t in ("kernels", "e2e", "eval")} | {root / "results/inputs/llm.yaml"}
+    reserved |= {root / o for o in others.values() if o}
+    reserved |= {root / f"results/{t}.json" for t in ("kernels", "e2e", "eval") if t != tier}
+    owned = ("mlflow", "inputs", "golden", "kernels", "e2e", "eval", "logs", "plots", "mlflow-artifacts", ".locks")
+    if (real in {p.resolve() for p in reserved} or any((results / d) == real or (results / d) in real.parents for d in owned)):
+        raise KbNanoError(f"--output-json {output_json}: that path belongs to another kb-nano output; pick another")
+    if root.resolve() in real.parents and results not in real.parents:
+        raise KbNanoError(f"--output-json {output_json}: inside the workflow directory but not under results/; "
+                          "it could overwrite a workflow file; pick a path under results/ or outside the workflow")
+    if path.is_dir():
+        raise KbNanoError(f"--output-json {output_json}: is a directory; give a file path ending in .json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KbNanoError(f"--output-json {output_json}: {path.parent} is not writable ({exc.strerror}); pick another path") from None
+    if not os.access(path.parent, os.W_OK):
+        raise KbNanoError(f"--output-json {output_json}: {path.parent} is not writable; pick another path")
+    if "{" in output_json or "}" in output_json:
+        raise KbNanoError(f"--output-json {output_json}: braces are Snakemake wildcards; use a plain path")

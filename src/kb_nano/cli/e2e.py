@@ -1,0 +1,132 @@
+"""``kb_nano e2e`` and ``kb_nano eval``: Tiers 2 and 3."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kb_nano import gpus
+from kb_nano.cli.config import DEFAULT_CONFIG, base_config, preflight
+from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, workflow_failed
+from kb_nano.errors import KbNanoError
+from kb_nano.paths import find_workflow_root
+
+
+def _e2e_overrides(args, root: Path, base: dict) -> dict:
+    """The ``e2e`` config section of one ``kb_nano e2e {kind}`` invocation: the configured
+    section with the flags applied and one workload built from the flags (defaults: the
+    first configured workload of that kind). Raises ``KbNanoError`` (one line)."""
+    from kb_nano import e2e_plan, workloads
+
+    e2e = dict(base.get("e2e") or {})
+    if args.model:
+        e2e["models"] = [str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m
+                         for m in args.model]
+    if args.tp:
+        e2e["tp"] = args.tp
+    for flag in ("seed", "dtype", "max_model_len", "enforce_eager", "load_format", "timeout_s", "device",
+                 "output_json"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            e2e[flag] = value
+    if args.candidates:
+        e2e["candidates"] = args.candidates
+    e2e["baseline_only"] = bool(args.baseline)
+    configured = [workloads.from_dict(w, where="e2e.workloads") for w in e2e.get("workloads") or []]
+    default = next((w for w in configured if w.kind == args.kind), None)
+    flags = {k: getattr(args, k, None) for k in workloads.FIELDS if k not in ("name", "kind")}
+    if args.kind in ("throughput", "serve"):
+        flags["input_len"], flags["output_len"] = args.input_len, args.output_len
+    e2e["workloads"] = [workloads.Workload.params(workloads.from_flags(args.kind, default, **flags))]
+    config = {**base, "e2e": e2e}
+    device = e2e_plan.e2e_device(config)
+    for spec in e2e["models"]:
+        e2e_plan.model(spec, root, e2e.get("load_format", "auto"))
+    e2e_plan.variants(root, config, device)
+    return e2e
+
+
+def cmd_e2e(args, passthrough: list[str]) -> int:
+    """``kb_nano e2e throughput|latency|serve``: vLLM's own benchmark for the baseline and the
+    candidate variant (separate jobs), merged, logged to MLflow, printed with the ratio."""
+    from kb_nano.tracking import marker_path
+    from kb_nano.vllm_cli import vllm_version
+
+    if vllm_version() is None:
+        raise KbNanoError("vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
+                          "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)")
+    root = find_workflow_root()
+    base = base_config(root, args.configfile)
+    e2e = _e2e_overrides(args, root, base)
+    preflight(root, base, {"e2e": e2e}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
+    output_json = e2e["output_json"]
+    marker = marker_path("e2e")
+    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    code = run_snakemake(root, ["results/e2e.parquet", output_json, marker], {"e2e": e2e}, args, passthrough)
+    if code != 0:
+        return workflow_failed(root, code, "e2e")
+    if args.dry_run:
+        return 0
+    from kb_nano.table import print_e2e
+
+    doc = json.loads((root / output_json).read_text())
+    print_e2e(doc["rows"])
+    print(f"results: {root / 'results/e2e.parquet'}, {root / output_json}; vLLM's JSON per job under "
+          f"{root / 'results/e2e'}")
+    print_mlflow_record(root, marker, marker_before)
+    return 0
+
+
+def cmd_eval(args, passthrough: list[str]) -> int:
+    """``kb_nano eval``: the standardized Tier-3 sweep (fixed workloads x model x TP x
+    {baseline, candidates}, kb_nano.eval_plan) through Snakemake; prints the per-workload
+    candidate/baseline ratios with their spread."""
+    from kb_nano import eval_plan
+    from kb_nano.tracking import marker_path
+    from kb_nano.vllm_cli import vllm_version
+
+    root = find_workflow_root()
+    base = base_config(root, args.configfile)
+    ev = dict(base.get("eval") or {})
+    if args.model:
+        ev["models"] = [str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m for m in args.model]
+    for flag, key in (("tp", "tp"), ("category", "categories"), ("candidate", "candidates")):
+        if getattr(args, flag):
+            ev[key] = getattr(args, flag)
+    for flag in ("num_prompts", "gpu_pool", "seed", "output_json", "device", "timeout_s"):
+        if getattr(args, flag) is not None:
+            ev[flag] = getattr(args, flag)
+    if args.smoke:
+        ev["smoke"] = True
+    if args.gpu_pool is None and not args.dry_run and (ev.get("device") or "auto") != "cpu":
+        visible = len(gpus.pool())
+        if visible:  # the configured pool (default 8), capped by the GPUs this host has
+            ev["gpu_pool"] = min(int(ev["gpu_pool"]), visible)
+    # one-line errors before Snakemake starts: the schema first (tp >= 1, ...), then the plan
+    preflight(root, base, {"eval": ev}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
+    plan = eval_plan.plan(root, {**base, "eval": ev})
+    if not args.dry_run and vllm_version() is None:
+        raise KbNanoError("vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
+                          "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)")
+    for key, tp, why in plan["skipped"]:
+        print(f"skip {key} tp={tp}: {why}", file=sys.stderr)
+    # On GPUs the pool bounds concurrency (--resources gpu=N) and the ids jobs lease
+    # (run_snakemake); a dry run only plans, so it needs no GPU of that count here.
+    args.gpu_pool = int(ev["gpu_pool"]) if plan["device"] == "cuda" and not args.dry_run else None
+    if plan["device"] == "cuda" and args.dry_run and "--resources" not in passthrough:
+        passthrough = [*passthrough, "--resources", f"gpu={ev['gpu_pool']}"]
+    marker = marker_path("eval")
+    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    code = run_snakemake(root, ["results/eval.parquet", ev["output_json"], marker], {"eval": ev}, args, passthrough)
+    if code != 0:
+        return workflow_failed(root, code, "eval")
+    if args.dry_run:
+        return 0
+    from kb_nano.table import print_eval
+
+    doc = json.loads((root / ev["output_json"]).read_text())
+    print_eval(doc)
+    print(f"results: {root / 'results/eval.parquet'}, {root / ev['output_json']}")
+    print_mlflow_record(root, marker, marker_before)
+    return 0

@@ -1,0 +1,198 @@
+"""``kb_nano kernels``, ``generate-inputs`` and ``capture-golden``: Tier 1 and its inputs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kb_nano import operators
+from kb_nano import workflow as kbw
+from kb_nano.cli.config import DEFAULT_CONFIG, base_config, config_overrides, preflight, select_models
+from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, workflow_failed
+from kb_nano.errors import KbNanoError
+from kb_nano.paths import find_workflow_root
+
+
+def cmd_list(args) -> int:
+    """``kernels --list [--level N]``: the operator registry."""
+    from rich.table import Table
+
+    from kb_nano.table import make_console
+
+    table = Table(title="kb-nano operators" + (f" (level {args.level})" if args.level else ""))
+    for col in ("target", "level", "category", "baseline", "used in"):
+        table.add_column(col)
+    shown = 0
+    for name in operators.names():
+        op = operators.get(name)
+        if args.level and op.level != args.level:
+            continue
+        table.add_row(name, f"L{op.level}", op.category, f"{op.baseline.__module__}.{op.baseline.__name__}", op.used_in)
+        shown += 1
+    make_console().print(table)
+    if not shown:
+        print(f"no operators at level {args.level} yet (levels present: "
+              f"{', '.join(sorted({f'L{e.level}' for e in operators.CATALOG.values()}))})")
+    return 0
+
+
+def cmd_map(args, root: Path, base: dict) -> int:
+    """``kernels --map``: each model's operators, derived from its config."""
+    from rich.table import Table
+
+    from kb_nano.manifest import config_fields
+    from kb_nano.models import load_config, model_facts, resolve
+    from kb_nano.operators.base import NotApplicable
+    from kb_nano.table import make_console
+
+    specs = select_models(args.model, base["models"], root) if args.model else base["models"]
+    tps = args.tp or base["tp"]
+    console = make_console()
+    for spec in specs:
+        ref = resolve(spec, root)
+        facts = {**model_facts(load_config(ref, root), ref), "hf_config": config_fields(ref, root)}
+        table = Table(
+            title=f"{ref.key} ({ref.hub_id or ref.config_path}) — {facts['architecture']}: hidden {facts['hidden_size']}, "
+            f"heads {facts['num_attention_heads']}/{facts['num_key_value_heads']} kv, head_dim {facts['head_dim']}, "
+            f"intermediate {facts['intermediate_size']}, vocab {facts['vocab_size']}, rope {facts['rope']['rope_type']}"
+        )
+        for col in ("target", "level", "used in", *(f"tp={tp} per-rank inputs" for tp in tps)):
+            table.add_column(col, overflow="fold")
+        for name in operators.names():
+            op = operators.get(name)
+            if not op.applies_to(facts):
+                continue
+            cells = []
+            for tp in tps:
+                try:
+                    init = op.init_args(facts, tp)
+                    inputs = op.inputs(init, facts, tp, 1, facts["dtype"])
+                    cells.append(", ".join(_shape_text(s) for s in inputs))
+                except NotApplicable as exc:
+                    cells.append(f"n/a: {exc}")
+            table.add_row(name, f"L{op.level}", op.used_in, *cells)
+        console.print(table)
+    return 0
+
+
+def _shape_text(spec: dict) -> str:
+    dims = ["N" if i == 0 else str(d) for i, d in enumerate(spec["shape"])]
+    return f"{spec['name']}[{', '.join(dims)}]"
+
+
+def cmd_kernels(args, passthrough: list[str]) -> int:
+    """``kb_nano kernels``: run the Tier-1 DAG and print the merged table."""
+    root = find_workflow_root()
+    if args.level and not args.list:
+        raise KbNanoError("--level only filters --list; to run one level use --target or --category")
+    if args.list:
+        return cmd_list(args)
+    base = base_config(root, args.configfile)
+    config = config_overrides(args, root, base)
+    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    ignored = kbw.cpu_ignored(effective)
+    if ignored:
+        print(f"note: {', '.join(ignored)} change nothing on a CPU run (a CPU has the eager timer only; rows "
+              "say speedup_basis=eager)", file=sys.stderr)
+    if args.map:
+        return cmd_map(args, root, base)
+    output_json = effective["output_json"]
+    from kb_nano.tracking import marker_path
+
+    marker = marker_path("kernels")
+    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    code = run_snakemake(root, ["results/kernels.parquet", output_json, marker], config, args, passthrough)
+    if code != 0:
+        return workflow_failed(root, code, "kernels")
+    if args.dry_run:
+        return 0
+    from kb_nano.table import print_kernels
+
+    doc = json.loads((root / output_json).read_text())
+    print_kernels(doc["rows"], doc["summary"])
+    print(f"results: {root / 'results/kernels.parquet'}, {root / output_json}")
+    failed = [r for r in doc["rows"] if r["status"] not in ("passed", "skipped")]
+    print_mlflow_record(root, marker, marker_before)
+    if args.fail_on_error and failed:
+        print(f"error: {len(failed)} row(s) neither passed nor skipped (--fail-on-error)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_generate_inputs(args, passthrough: list[str]) -> int:
+    """``kb_nano generate-inputs``: write results/inputs/llm.yaml and summarise it."""
+    root = find_workflow_root()
+    base = base_config(root, args.configfile)
+    config = config_overrides(args, root, base)
+    preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    # The Snakefile computes the manifest while parsing (workflow/rules/inputs.smk): a quiet
+    # dry run of the kernel sweep parses it and builds nothing.
+    args.dry_run, dry_run = True, args.dry_run
+    code = run_snakemake(root, ["results/kernels.parquet"], config, args, [*passthrough, "--quiet", "all"])
+    args.dry_run = dry_run
+    if code != 0 or args.dry_run:
+        return code
+    from kb_nano.manifest import load
+
+    manifest = load(root / "results/inputs/llm.yaml")
+    scenarios = manifest["scenarios"]
+    na = [s for s in scenarios if not s["applicable"]]
+    print(f"{root / 'results/inputs/llm.yaml'}: {len(scenarios)} scenarios for {', '.join(manifest['models'])}; "
+          f"{len(na)} not applicable")
+    for s in na:
+        print(f"  n/a {s['scenario_id']}: {s['reason']}")
+    return 0
+
+
+def cmd_capture_golden(args, passthrough: list[str]) -> int:
+    """``kb_nano capture-golden``: build ``results/golden/{model}`` for each model (the
+    ``capture_golden`` rule) and summarise the sidecars."""
+    from kb_nano.golden import GOLDEN_DIR
+    from kb_nano.models import resolve
+    from kb_nano.workflow import golden_settings
+
+    root = find_workflow_root()
+    base = base_config(root, args.configfile)
+    models = select_models(args.model, base.get("models") or [], root)
+    keys = [resolve(m, root).key for m in models]
+    golden = golden_settings(base)
+    if args.num_layers is not None:
+        if args.num_layers < 0:
+            raise KbNanoError("--num-layers: must be >= 0 (0 = all layers of the config)")
+        golden["num_layers"] = args.num_layers
+    if args.weights:
+        if len(keys) != 1:
+            raise KbNanoError(f"--weights: give exactly one --model with it (got {', '.join(keys)})")
+        weights = Path(args.weights).resolve()
+        if not weights.is_dir() or not any(weights.glob("*.safetensors")) and not any(weights.glob("*.bin")):
+            raise KbNanoError(f"--weights {args.weights}: not a directory with *.safetensors or *.bin weight files")
+        golden["weights"][keys[0]] = str(weights)
+    config = {"models": models, "golden": golden}
+    preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    passthrough = [*passthrough, "--forcerun", "capture_golden"] if args.force else passthrough
+    code = run_snakemake(root, [str(GOLDEN_DIR / k) for k in keys], config, args, passthrough)
+    if code != 0:
+        for key in keys:
+            log = root / f"results/logs/capture_golden/{key}.log"
+            if log.is_file():
+                for line in log.read_text().splitlines():
+                    if line.startswith("error: "):
+                        print(line, file=sys.stderr)
+        print(f"error: the Snakemake workflow failed (exit {code}); see the messages above", file=sys.stderr)
+        return code
+    if args.dry_run:
+        return 0
+    for key in keys:
+        for sidecar in sorted((root / GOLDEN_DIR / key).glob("*.json")):
+            meta = json.loads(sidecar.read_text())
+            layers = meta["num_hidden_layers"]
+            shapes = ", ".join(f"{k} {v['shape']}" for k, v in list(meta["tensors"].items())[:3])
+            more = len(meta["tensors"]) - 3
+            print(f"{sidecar.with_suffix('.safetensors')}: {meta['operator']} of {key} "
+                  f"({layers['captured']} of {layers['model']} layers, {meta['weights'].split(':')[0]} weights, "
+                  f"{meta['prompts']['count']} prompts x {meta['prompts']['seq_len']} tokens, {meta['dtype']}): "
+                  f"{shapes}{f' (+{more} more)' if more > 0 else ''}")
+    written = sorted({p.stem for k in keys for p in (root / GOLDEN_DIR / k).glob("*.json")})
+    print(f"{', '.join(written)} scenarios of {', '.join(keys)} now use them (input_source = golden)")
+    return 0

@@ -1,0 +1,125 @@
+"""Running the workflow: Snakemake in a process group of its own, interrupted cleanly on SIGINT, SIGTERM, SIGHUP or kb_nano's death; what to say when it failed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from kb_nano import gpus
+from kb_nano.errors import KbNanoError
+
+
+def run_snakemake(root: Path, targets: list[str], config: dict, args, passthrough: list[str]) -> int:
+    """Run the workflow for ``targets`` with ``config`` overrides; returns Snakemake's
+    exit status. Progress ("N of M steps done") streams to the terminal.
+
+    Overrides travel as a temporary YAML config file given after the user's
+    ``--configfile`` (Snakemake's ``--config`` does not parse list values).
+    """
+    import tempfile
+
+    # Targets first: --configfile and --quiet take several values and would swallow them.
+    cmd = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(root / "Snakefile"), "--directory", str(root)]
+    cmd += ["--cores", str(args.cores)]
+    env = dict(os.environ)
+    pool = gpus.pool()
+    gpu_pool = getattr(args, "gpu_pool", None)
+    if gpu_pool is not None:
+        if gpu_pool > len(pool):
+            seen = f"only {len(pool)} ({','.join(pool)})" if pool else "none"
+            raise KbNanoError(f"--gpu-pool {gpu_pool}: {seen} visible here (CUDA_VISIBLE_DEVICES / "
+                              f"{gpus.POOL_ENV} / nvidia-smi); pass at most that many")
+        pool = pool[:gpu_pool]
+        env[gpus.POOL_ENV] = ",".join(pool)
+    if pool and "--resources" not in passthrough:
+        # Snakemake only counts GPUs: at most one GPU job per device of the pool at once;
+        # each job then leases a concrete device id (kb_nano.gpus).
+        cmd += ["--resources", f"gpu={len(pool)}"]
+    if args.dry_run:
+        cmd += ["--dry-run"]
+    elif "results/kernels.parquet" in targets and not {"--profile", "--executor", "-e"} & set(passthrough):
+        env["KB_NANO_PRESTART_JUDGE"] = "1"  # local kernel jobs: start the judge while Snakemake parses
+    if not args.verbose and "--quiet" not in passthrough:
+        cmd += ["--quiet", "rules"]
+    # Under the workflow directory, not /tmp: cluster jobs (`-- --profile profiles/slurm`)
+    # re-read every --configfile on their node, which shares the workflow directory only.
+    (root / ".snakemake").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kb_nano_", dir=root / ".snakemake") as tmp:
+        configfiles = [str(Path(args.configfile).resolve())] if args.configfile else []
+        if config:
+            override = Path(tmp) / "overrides.yaml"
+            override.write_text(yaml.safe_dump(config, sort_keys=False))
+            configfiles.append(str(override))
+        if configfiles:
+            cmd += ["--configfile", *configfiles]
+        cmd += passthrough
+        if args.verbose:
+            print("+ " + " ".join(cmd), file=sys.stderr)
+        # Snakemake runs in a process group of its own, which gets exactly one SIGINT when
+        # this process is interrupted (Ctrl-C, kill -INT or SIGTERM to it alone, SIGHUP)
+        # and when it dies (PR_SET_PDEATHSIG), so its jobs stop, finished shards stay and
+        # its lock is released however kb_nano was stopped.
+        proc = subprocess.Popen(cmd, cwd=root, env=env, process_group=0, preexec_fn=_interrupt_when_parent_dies)
+        # SIGINT too: a kb_nano started with `&` from a script inherits SIGINT ignored
+        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+            raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_when_parent_dies() -> None:
+    """In the Snakemake child, before exec: SIGINT when kb_nano dies, even by SIGKILL; and
+    SIGINT's default action back (a background job of a script starts with SIGINT ignored,
+    and Python then would not turn it into KeyboardInterrupt)."""
+    import ctypes
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+
+
+def print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> None:
+    """Say which MLflow run the tier's log rule recorded (new, existing, or unchanged)."""
+    if not (root / marker).is_file():
+        return
+    rec = json.loads((root / marker).read_text())
+    if (root / marker).stat().st_mtime_ns == marker_before:
+        how = "nothing changed since run"
+    else:
+        how = "new run" if rec["created"] else "inputs unchanged, existing run"
+    print(f"MLflow: {how} {rec['run_id']} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
+
+
+def workflow_failed(root: Path, code: int, tier: str) -> int:
+    """Say that Snakemake failed, where the rows already written are kept and, when the
+    directory is locked, how to unlock it; returns ``code``."""
+    print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
+          f"{root / 'results' / tier}; see the messages above", file=sys.stderr)
+    if any((root / ".snakemake/locks").glob("*")):
+        command = {"kernels": "kernels", "e2e": "e2e latency", "eval": "eval"}[tier]
+        print("hint: the directory is locked; if no other kb_nano/snakemake run is active, "
+              f"run `kb_nano {command} -- --unlock`", file=sys.stderr)
+    return code
