@@ -1,7 +1,8 @@
 """Kernel result rows (Tier 1): the versioned Parquet schema and atomic shard writes.
 
-Times are milliseconds; ``speedup = baseline_ms / candidate_ms`` (medians), where both come
-from the timer ``speedup_basis`` names (``eager``, ``kernel`` or ``graph``, each also in
+Times are milliseconds; ``speedup = baseline_ms / candidate_ms``, each the median over
+blocks of a block's mean call time (:func:`kb_nano.kernels.blocks.estimate`), from the
+timer ``speedup_basis`` names (``eager``, ``kernel`` or ``graph``, each also in
 columns of its own, see :mod:`kb_nano.kernels.agreement`); ``*_iqr`` is the interquartile
 range (p75 - p25) of the per-call times in ms. ``bytes_moved`` and
 ``flops`` are the operator's minimum traffic per call (see each operator's ``traffic``).

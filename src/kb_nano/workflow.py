@@ -28,7 +28,7 @@ def check_config(config: dict) -> None:
         operators.check_target(name, where="config targets")
     import math
 
-    numbers = {key: config.get(key) for key in ("atol", "rtol", "timeout_s", "memory_limit_gb")}
+    numbers = {key: config.get(key) for key in ("atol", "rtol", "timeout_s", "memory_limit_gb", "ci_target", "max_timing_s")}
     numbers.update({f"roofline.{k}": v for k, v in (config.get("roofline") or {}).items()})
     for key, value in numbers.items():
         if isinstance(value, (int, float)) and not math.isfinite(value):

@@ -1,6 +1,7 @@
 """The three timers' columns of a row, and the checks that they tell one consistent story.
 
-Columns (ms, medians over all timed calls; None where a timer has no samples):
+Columns (ms per call, medians over blocks of each block's mean call time, as
+:func:`kb_nano.kernels.blocks.estimate`; None where a timer has no samples):
 ``baseline_eager_ms`` / ``candidate_eager_ms`` / ``eager_speedup`` (CPU: host clock
 around the call; CUDA: an event pair around it, host launch included),
 ``baseline_kernel_ms`` / ``candidate_kernel_ms`` / ``kernel_speedup`` (CUDA: CUPTI, the
@@ -52,7 +53,7 @@ def timer_fields(s: dict, device: torch.device) -> dict:
     out: dict = {}
     for timer in ("eager", "kernel", "graph"):
         p = s[timer]
-        b, c = _median(p["base"]), _median(p["cand"])
+        b, c = _median(p["block_base"]), _median(p["block_cand"])
         out[f"baseline_{timer}_ms"], out[f"candidate_{timer}_ms"] = b, c
         out[f"{timer}_speedup"] = b / c if b is not None and c else None
     k = s["kernel"]

@@ -2,13 +2,14 @@
 
 A block (:meth:`kb_nano.kernels.judge.Measurement.block`) holds one ABAB pair of batches
 per timer: on a CPU the eager timer only; on CUDA the eager timer, the CUPTI kernel timer
-and one CUDA-graph replay per side. Each pair gives one median per side per timer, and the
-speedup's interval is a paired bootstrap over those block medians
+and one CUDA-graph replay per side. Each pair gives one mean call time (the batch total
+over its calls) per side per timer. The estimates are medians over blocks
+(:func:`estimate`), and the speedup's interval is Student's t over the blocks' ratios
 (:func:`kb_nano.kernels.timing.speedup_ci`), so it covers what changes between blocks
 (clocks, other work on the host, the allocator's state), not only call-to-call noise.
 
 Stopping (:func:`stop_reason`), after nvbench's noise-based stopping: on CUDA at least
-``min_blocks`` blocks, then stop when the interval's half-width is within ``ci_target``
+5 blocks, then stop when the interval's half-width is within ``ci_target``
 of the speedup, or when ``max_timing_s`` of timing has passed. On a CPU the block count is
 fixed (``min_blocks``; the 2-core CI machines are too noisy for a relative target to be
 reached in useful time).
@@ -75,7 +76,8 @@ def stop_reason(s: dict, which: str, device: torch.device, settings: dict) -> st
         return "fixed"
     p = s[which]
     lo, hi = timing.speedup_ci(p["block_base"], p["block_cand"])
-    mid = timing.summarize(p["base"])[0] / max(timing.summarize(p["cand"])[0], 1e-12)
+    b, c = estimate(p)
+    mid = b / max(c, 1e-12)
     if (hi - lo) / 2 <= float(settings.get("ci_target") or 0.01) * mid:
         return "ci_target"
     if time.monotonic() - s["started"] >= float(settings.get("max_timing_s") or 1.0):
@@ -84,14 +86,25 @@ def stop_reason(s: dict, which: str, device: torch.device, settings: dict) -> st
 
 
 def hidden_ms(s: dict) -> float:
-    """Work the candidate did inside its batches but outside its reported call times, per
-    batch, in ms: the least, over batches, of the judge's clock around a candidate batch
-    minus the call times its worker reported, less the same least overhead of the
-    baseline's batches (the same IPC and output copies). Host jitter only ever adds time,
-    so the least overhead is its noise-free part; work a candidate moves out of its timed
-    calls (or a clock it slows down) is in every batch, so it stays."""
-    over_b = float(np.min(np.subtract(s["judge_base"], s["rep_base"])))
-    return float(np.min(np.subtract(s["judge_cand"], s["rep_cand"]))) - over_b
+    """Work the candidate did inside its batches but outside its reported times, per
+    batch, in ms: the median over batches of the judge's clock around a candidate batch
+    minus the times its worker reported, less the same median of the baseline's batches
+    (the same IPC and output copies). A median, not a least value: work moved out of the
+    timed calls, or a forged clock, must then be in at most half the batches to pass, and
+    the estimates (medians over blocks, :func:`estimate`) do not move with a minority of
+    blocks; host jitter in a few batches moves neither."""
+    over_b = float(np.median(np.subtract(s["judge_base"], s["rep_base"])))
+    return float(np.median(np.subtract(s["judge_cand"], s["rep_cand"]))) - over_b
+
+
+def estimate(p: dict) -> tuple[float, float]:
+    """``(baseline_ms, candidate_ms)`` of one timer: per side the median over blocks of the
+    block's mean call time (its batch total / calls). Batch totals, not per-call medians:
+    the judge's clock vouches for a batch's total, while a candidate can shift work
+    between the calls of a batch (reading later input slots ahead) to make its median
+    call short; medians over blocks, so a minority of unusual blocks (jitter, or a
+    batch the clock cross-check let through) does not move them."""
+    return timing.summarize(p["block_base"])[0], timing.summarize(p["block_cand"])[0]
 
 
 class SmClock:

@@ -17,8 +17,10 @@ Method (docs/measurement.md has the full account):
     CUPTI activity records, L2 flushed before each call;
   - graph (:func:`capture_graph`, :func:`time_graph`): the calls of one batch (one per
     input slot, K of them) captured in one CUDA graph; a replay's event time divided by K.
-- Statistics: median and interquartile range per side; the speedup is the ratio of
-  medians, its 95% confidence interval Student's t over the blocks (:func:`speedup_ci`).
+- Statistics: per side the median over blocks of each block's mean call time
+  (:func:`kb_nano.kernels.blocks.estimate`), the interquartile range of single calls; the
+  speedup is the ratio of the two, its 95% confidence interval Student's t over the
+  blocks (:func:`speedup_ci`).
 
 The clock and statistics functions are bound when this module is imported, which a
 worker does before it imports any candidate, so a candidate that later replaces
