@@ -188,9 +188,8 @@ def runs_on_cpu(config: dict) -> bool:
 def cpu_ignored(config: dict) -> list[str]:
     """The CUDA-only settings of ``config`` set away from their defaults on a CPU run
     (:data:`CUDA_ONLY`), as ``key=value`` (empty on CUDA)."""
-    if not runs_on_cpu(config):
-        return []
-    return [f"{k}={config[k]}" for k, v in CUDA_ONLY.items() if config.get(k) is not None and config[k] != v]
+    changed = [f"{k}={config[k]}" for k, v in CUDA_ONLY.items() if config.get(k) is not None and config[k] != v]
+    return changed if changed and runs_on_cpu(config) else []  # the GPU pool (nvidia-smi) only when it matters
 
 
 def settings(config: dict) -> dict:

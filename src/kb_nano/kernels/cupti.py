@@ -43,7 +43,11 @@ _CUDA = "DeviceType.CUDA"
 
 class KernelTimeError(Exception):
     """The records cannot be split into calls (another call's work on the flush's
-    stream, a flush missing)."""
+    stream: ``foreign_work``; a flush missing)."""
+
+    def __init__(self, message: str, foreign_work: bool = False) -> None:
+        super().__init__(message)
+        self.foreign_work = foreign_work
 
 
 def attribute(records: list[tuple[int, str, int, int]], flush_stream: int, flush_names: frozenset,
@@ -64,7 +68,7 @@ def attribute(records: list[tuple[int, str, int, int]], flush_stream: int, flush
     flush = sorted((r for r in records if r[0] == flush_stream), key=lambda r: r[2])
     alien = [r[1] for r in flush if r[1] not in flush_names]
     if alien:
-        raise KernelTimeError(f"GPU work on the harness's flush stream: {alien[0][:80]!r}")
+        raise KernelTimeError(f"GPU work on the harness's flush stream: {alien[0][:80]!r}", foreign_work=True)
     per_flush = len(flush) // max(calls, 1)
     if calls <= 0 or per_flush == 0 or per_flush * calls != len(flush):
         raise KernelTimeError(f"{len(flush)} flush records for {calls} calls")
@@ -155,7 +159,7 @@ class KernelTimer:
         """Profile one flush + call per slot; then ``after(i, out)`` for each (untimed,
         outside the profile). Returns ``{"times_ms", "span_ms", "kernels", "hidden_ms"}``
         (per call: kernel ms, first-start-to-last-end ms, record count) or
-        ``{"kernel_error": why}``."""
+        ``{"kernel_error": why, "foreign_work": bool}``."""
         self._thread.join()
         if self.error:
             return {"kernel_error": self.error}
@@ -175,7 +179,7 @@ class KernelTimer:
         try:
             per_call, hidden = attribute(_gpu_records(prof), self.flush_stream, self.flush_names, len(slots))
         except KernelTimeError as exc:
-            return {"kernel_error": str(exc)}
+            return {"kernel_error": str(exc), "foreign_work": exc.foreign_work}
         for i, out in zip(slots, outs):
             after(i, out)
         return {"times_ms": [p[0] for p in per_call], "span_ms": [p[1] for p in per_call],

@@ -303,7 +303,6 @@ class Measurement:
                 if "graph_error" in reply:
                     s["errors"]["graph"] = f"{side}: {reply['graph_error']}"
                     break
-        which = blocks.basis(self.settings.get("speedup_basis"), self.device, s["errors"])
         s["started"] = time.monotonic()
         while s["stop"] is None:
             self.block(s)
@@ -345,7 +344,7 @@ class Measurement:
         rc, tc = self.batch(self.cand, 0, n, mode, replays)
         for side, reply in (("base", rb), ("cand", rc)):
             if "kernel_error" in reply:  # no outputs kept, no times: the kernel timer is off for this row
-                if side == "cand" and "flush stream" in reply["kernel_error"]:
+                if side == "cand" and reply.get("foreign_work"):
                     raise Verdict("tampered", f"kernel timer: {reply['kernel_error']}")
                 s["errors"]["kernel"] = f"{'baseline' if side == 'base' else 'candidate'}: {reply['kernel_error']}"
                 return
