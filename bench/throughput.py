@@ -47,13 +47,15 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Self
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from workflow_helpers import copy_workflow  # noqa: E402  (the workflow's files, as the tests copy them)
+from workflow_helpers import copy_workflow
+
 PASS_THROUGH = ("target", "model", "num_tokens", "tp", "device", "num_warmup", "num_runs")
 
 
@@ -191,6 +193,19 @@ def bare_loop(root: Path, rows: list[dict]) -> tuple[float, list[dict]]:
     return time.perf_counter() - t0, pairs
 
 
+def phases(rows: list[dict], start: datetime, wall_s: float) -> dict:
+    """Where kb-nano's wall went, from the rows' ``started_at``/``ended_at`` (the judge's
+    clock): ``before_first_job`` (CLI, manifest, DAG, judge start), ``jobs`` (first start to
+    last end), ``after_last_job`` (merge, shutdown); seconds."""
+    spans = [(datetime.fromisoformat(r["started_at"]), datetime.fromisoformat(r["ended_at"]))
+             for r in rows if r.get("started_at") and r.get("ended_at")]
+    if not spans:
+        return {}
+    first = (min(s for s, _ in spans) - start).total_seconds()
+    last = (max(e for _, e in spans) - start).total_seconds()
+    return {"before_first_job": first, "jobs": last - first, "after_last_job": wall_s - last}
+
+
 def machine() -> str:
     """GPU name + driver (nvidia-smi), else the CPU model from /proc/cpuinfo."""
     if shutil.which("nvidia-smi"):
@@ -234,11 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         result["kb_nano_command"] = shlex.join(cmd)
         env = {**os.environ, "KB_NANO_ROOT": str(root), "COLUMNS": "200"}
         with GpuSampler() as sampler:  # the whole invocation, output captured
-            t0 = time.perf_counter()
+            t0, kb_start = time.perf_counter(), datetime.now(UTC)
             proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, check=False)
             kb_wall = time.perf_counter() - t0
         kb_gpu = sampler.summary()
+        (root / "kb_nano_output.txt").write_text(proc.stdout)
         if proc.returncode:
             print(proc.stdout[-4000:], file=sys.stderr)
             print(f"kb_nano exited {proc.returncode} after {kb_wall:.1f} s (copy kept: {root})", file=sys.stderr)
@@ -246,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = json.loads((root / "results" / "kernels.json").read_text())["rows"]
         passed = [r for r in rows if r["status"] == "passed"]
+        if kb_wall is not None:
+            result["kb_nano_phases_s"] = phases(rows, kb_start, kb_wall)
         with GpuSampler() as sampler:
             bare_wall, pairs = bare_loop(root, passed)
         bare_gpu = sampler.summary()
@@ -270,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         ("rows timed by the bare loop", f"{len(passed)} passed pairs ({len(errors)} errored)"),
         ("kb-nano wall (s)", fmt(kb_wall)),
         ("kb-nano sum of rows' wall_s (s)", fmt(result["kb_nano_row_wall_s_sum"])),
+        *((("kb-nano before / during / after jobs (s)",
+            " / ".join(fmt(v) for v in result["kb_nano_phases_s"].values())),) if result.get("kb_nano_phases_s") else ()),
         ("bare-loop wall (s)", fmt(bare_wall)),
         ("ratio kb/bare", fmt(ratio) + ("x" if ratio else "")),
         *((f"GPU util during {k}", f"{g['busy_pct']:.0f}% of {g['samples']} samples > 0, mean {g['mean_util_pct']:.1f}%")

@@ -25,7 +25,7 @@ REPO_CONTROLS = ("rms_norm/torch_fused", "rms_norm/triton_rowwise", "fused_add_r
 
 
 def corpus() -> dict[str, dict]:
-    """``{candidate id: {"EXPECTED": status, "EXPECTED_ERROR": str|None, "EXPECTED_LIKE": id|None,
+    """``{candidate id: {"EXPECTED": status, "EXPECTED_CUDA": status|None, "EXPECTED_ERROR": str|None, "EXPECTED_LIKE": id|None,
     "FORGED_SPEEDUP": float|None, "only": "cuda"|"cpu"|None}}`` read from the corpus files'
     module constants (without importing them); ``only`` is the one device type a file
     declares in ``supported_devices``, where it has one."""
@@ -34,12 +34,12 @@ def corpus() -> dict[str, dict]:
         if path.name.startswith("_"):
             continue
         tree = ast.parse(path.read_text())
-        names = ("EXPECTED", "EXPECTED_ERROR", "EXPECTED_LIKE", "FORGED_SPEEDUP")
+        names = ("EXPECTED", "EXPECTED_CUDA", "EXPECTED_ERROR", "EXPECTED_LIKE", "FORGED_SPEEDUP")
         consts = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                   for t in n.targets if isinstance(t, ast.Name) and t.id in names}
         text = path.read_text()
         only = "cuda" if 'supported_devices = ("cuda",)' in text else "cpu" if 'supported_devices = ("cpu",)' in text else None
-        out[f"{path.parent.name}/{path.stem}"] = {"EXPECTED_ERROR": None, "EXPECTED_LIKE": None,
+        out[f"{path.parent.name}/{path.stem}"] = {"EXPECTED_CUDA": None, "EXPECTED_ERROR": None, "EXPECTED_LIKE": None,
                                                   "FORGED_SPEEDUP": None, **consts, "only": only}
     return out
 
@@ -74,12 +74,13 @@ def mismatches(rows: dict[str, dict], device: str) -> list[str]:
     bad = []
     for cid, want in corpus().items():
         row = rows.get(cid)
-        status = want["EXPECTED"] if want["only"] in (None, device) else "skipped"
+        expected = (want["EXPECTED_CUDA"] or want["EXPECTED"]) if device.startswith("cuda") else want["EXPECTED"]
+        status = expected if want["only"] in (None, device) else "skipped"
         if row is None:
             bad.append(f"{cid}: no row")
         elif row["status"] != status:
             bad.append(f"{cid}: {row['status']} ({row['error']}), expected {status}")
-        elif status == want["EXPECTED"] and want["EXPECTED_ERROR"] and want["EXPECTED_ERROR"] not in (row["error"] or ""):
+        elif status == want["EXPECTED"] == expected and want["EXPECTED_ERROR"] and want["EXPECTED_ERROR"] not in (row["error"] or ""):
             bad.append(f"{cid}: error {row['error']!r} lacks {want['EXPECTED_ERROR']!r}")
         elif status == "passed" and want["EXPECTED_LIKE"] and rows.get(want["EXPECTED_LIKE"], {}).get("speedup"):
             # a cheat that cannot reach the baseline any more gains nothing over the same computation done honestly
@@ -103,6 +104,15 @@ def test_every_hack_is_caught_and_every_control_passes(tmp_path):
     # the controls that ran beside the segfault, the hang and the allocation storm are real measurements
     for cid in ("rms_norm/honest_fused", "rms_norm/torch_fused", "fused_add_rms_norm/honest_inplace"):
         assert rows[cid]["status"] == "passed" and rows[cid]["candidate_ms"] > 0 and rows[cid]["speedup_ci_low"] > 0
+
+
+def test_expected_cuda_applies_on_cuda_only():
+    """A file's ``EXPECTED_CUDA`` is its status on CUDA; on a CPU its ``EXPECTED`` stands."""
+    want = corpus()["rms_norm/forge_clock"]
+    assert want["EXPECTED"] == "unsynced_work" and want["EXPECTED_CUDA"] == "passed"
+    row = {"status": "passed", "error": None, "speedup": 1.0}
+    assert not [m for m in mismatches({"rms_norm/forge_clock": row}, "cuda") if m.startswith("rms_norm/forge_clock")]
+    assert [m for m in mismatches({"rms_norm/forge_clock": row}, "cpu") if m.startswith("rms_norm/forge_clock")]
 
 
 def test_corpus_covers_every_anti_cheat_status():

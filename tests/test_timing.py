@@ -399,3 +399,18 @@ def test_sm_clock_fields_name_the_throttle_reasons():
                               "throttle_reasons": "sw_power_cap"}
     clock.samples = [(1980, 0x1)]
     assert clock.fields()["throttled"] is False and clock.fields()["throttle_reasons"] is None
+
+
+def test_kernel_timer_without_cupti_says_why(monkeypatch):
+    """No libcupti: the timer is off with a one-line reason, and every batch reports it."""
+    import torch
+
+    from kb_nano.kernels import cupti, cupti_lib
+
+    def missing() -> str:
+        raise cupti_lib.CuptiError("no libcupti.so beside torch")
+
+    monkeypatch.setattr(cupti_lib, "find_library", missing)
+    timer = cupti.KernelTimer(torch.device("cpu"), flush=None)
+    assert timer.error == "CUPTI kernel timing unavailable: CuptiError: no libcupti.so beside torch"
+    assert timer.time_calls(lambda i: None, range(2), lambda i, out: None) == {"kernel_error": timer.error}

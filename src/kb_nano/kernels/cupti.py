@@ -1,7 +1,7 @@
 """The kernel timer: the GPU time of the kernels one call runs, from CUPTI activity records.
 
-A batch of calls runs under ``torch.profiler`` (CUPTI through kineto) with only CUDA
-activity recorded. Before each call the L2 is flushed on the flush's own stream
+A batch of calls runs while CUPTI's activity API records kernels, copies and memsets
+(:mod:`kb_nano.kernels.cupti_lib`). Before each call the L2 is flushed on the flush's own stream
 (:class:`kb_nano.kernels.timing.L2Flush`), ordered with the current stream both ways, so
 on the device the batch is ``flush_1, call_1, flush_2, call_2, ...``. The records are then
 split at the flushes (:func:`attribute`): every record that is not the flush's and starts
@@ -16,29 +16,20 @@ The outputs are handed to the judge only after the profiled loop, so the copies 
 that are not in the records. Host launch time is in no record: that is the eager timer's
 business (:func:`kb_nano.kernels.timing.time_calls`).
 
-The profiler's first start in a process initialises CUPTI (4.2 s measured on the H200,
-torch 2.11); :class:`KernelTimer` does that in a thread as soon as the worker has its CUDA
-context, so it overlaps with the candidate's import and the first scenario's builds. The
-flush's stream and record names are learnt at the first timed batch, from one flush
-profiled alone.
+CUPTI is set up when the worker starts (its CUDA context exists, no candidate code has
+run): 0.02 s. The flush's stream and record names are learnt at the first timed batch,
+from one flush recorded alone.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
-import threading
-import warnings
 from typing import Callable
 
 import torch
-from torch.profiler import ProfilerActivity as _Activity
-from torch.profiler import profile as _profile
 
+from kb_nano.kernels.cupti_lib import ActivityTrace
 from kb_nano.kernels.timing import L2Flush, _synchronize
-
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # kineto's per-session log lines would flood the job log
-_CUDA = "DeviceType.CUDA"
 
 
 class KernelTimeError(Exception):
@@ -106,49 +97,38 @@ def union_ns(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
-def _gpu_records(prof) -> list[tuple[int, str, int, int]]:
-    return [(e.device_resource_id(), e.name(), e.start_ns(), e.start_ns() + e.duration_ns())
-            for e in prof.profiler.kineto_results.events() if str(e.device_type()) == _CUDA]
-
-
 class KernelTimer:
     """CUPTI kernel time of calls on ``device`` (see the module docstring); ``flush`` is
-    the worker's :class:`~kb_nano.kernels.timing.L2Flush`. Starts the profiler once in a
-    background thread (CUPTI's initialisation), and learns the flush's CUPTI stream id and
-    record names at the first :meth:`time_calls`."""
+    the worker's :class:`~kb_nano.kernels.timing.L2Flush`. Sets CUPTI up at once (the
+    worker's CUDA context must exist); without CUPTI, :attr:`error` says why and every
+    :meth:`time_calls` returns it. Learns the flush's CUPTI stream id and record names at
+    the first :meth:`time_calls`."""
 
     def __init__(self, device: torch.device, flush: L2Flush) -> None:
         self.device, self.flush = device, flush
         self.flush_stream: int | None = None
         self.flush_names: frozenset = frozenset()
         self.error: str | None = None
-        self._thread = threading.Thread(target=self._init, name="kb_nano-cupti-init", daemon=True)
-        self._thread.start()
-
-    def ready(self) -> None:
-        """Wait for CUPTI's initialisation (and the threads it starts)."""
-        self._thread.join()
-
-    def _init(self) -> None:
-        """The profiler's first start (CUPTI's initialisation), with nothing profiled."""
+        self.trace: ActivityTrace | None = None
         try:
-            torch.cuda.set_device(self.device)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with _profile(activities=[_Activity.CUDA]):
-                    pass
-        except Exception as exc:  # no CUPTI here: the kernel columns stay empty and the row says why
+            self.trace = ActivityTrace()
+        except Exception as exc:  # noqa: BLE001 - no CUPTI here: the kernel columns stay empty, the row says why
             self.error = f"CUPTI kernel timing unavailable: {type(exc).__name__}: {str(exc)[:200]}"
 
+    def _record(self, work: Callable[[], list]) -> tuple[list, list[tuple[int, str, int, int]]]:
+        """``work()`` (synchronized after) with CUPTI recording; its result and the records."""
+        self.trace.start()
+        try:
+            out = work()
+            _synchronize(self.device)
+        finally:
+            records = self.trace.stop()
+        return out, records
+
     def _learn(self) -> None:
-        """The flush's CUPTI stream id and record names: one flush profiled alone (in the
+        """The flush's CUPTI stream id and record names: one flush recorded alone (in the
         request thread, when the worker runs nothing else)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with _profile(activities=[_Activity.CUDA]) as prof:
-                self.flush()
-                _synchronize(self.device)
-        recs = _gpu_records(prof)
+        _, recs = self._record(lambda: [self.flush()])
         if not recs or len({r[0] for r in recs}) != 1:
             raise KernelTimeError(f"the flush alone gave {len(recs)} GPU records on {len({r[0] for r in recs})} "
                                   "streams (other GPU work in the worker while it was learnt)")
@@ -156,11 +136,10 @@ class KernelTimer:
 
     def time_calls(self, call: Callable[[int], object], slots: range,
                    after: Callable[[int, object], None]) -> dict:
-        """Profile one flush + call per slot; then ``after(i, out)`` for each (untimed,
-        outside the profile). Returns ``{"times_ms", "span_ms", "kernels", "hidden_ms"}``
+        """Record one flush + call per slot; then ``after(i, out)`` for each (untimed,
+        outside the recording). Returns ``{"times_ms", "span_ms", "kernels", "hidden_ms"}``
         (per call: kernel ms, first-start-to-last-end ms, record count) or
         ``{"kernel_error": why, "foreign_work": bool}``."""
-        self._thread.join()
         if self.error:
             return {"kernel_error": self.error}
         if self.flush_stream is None:
@@ -168,16 +147,17 @@ class KernelTimer:
                 self._learn()
             except KernelTimeError as exc:
                 return {"kernel_error": str(exc)}
-        outs = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with _profile(activities=[_Activity.CUDA]) as prof:
-                for i in slots:
-                    self.flush()
-                    outs.append(call(i))
-                _synchronize(self.device)
+
+        def calls() -> list:
+            outs = []
+            for i in slots:
+                self.flush()
+                outs.append(call(i))
+            return outs
+
+        outs, records = self._record(calls)
         try:
-            per_call, hidden = attribute(_gpu_records(prof), self.flush_stream, self.flush_names, len(slots))
+            per_call, hidden = attribute(records, self.flush_stream, self.flush_names, len(slots))
         except KernelTimeError as exc:
             return {"kernel_error": str(exc), "foreign_work": exc.foreign_work}
         for i, out in zip(slots, outs):

@@ -244,10 +244,11 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
     root_p = Path(root)
     out = Path(output) if Path(output).is_absolute() else root_p / output
     log_p = Path(log) if Path(log).is_absolute() else root_p / log
+    asked_at = time.time()
     with leasing.lease(n, root_p / "results/.locks", float(settings["timeout_s"]), ids=pool_ids) as ids:
         key = ",".join(ids) if ids else f"{settings['device']}"
         judge = _judge(key, ids)
-        request = {"scenario": scenario, "candidate_id": candidate_id, "candidate_path": str(candidate_path),
+        request = {"asked_at": asked_at, "scenario": scenario, "candidate_id": candidate_id, "candidate_path": str(candidate_path),
                    "settings": settings, "output": str(out), "log": str(log_p), "root": str(root_p)}
         t0, started_at = time.perf_counter(), _utc_now()
         with judge.lock:

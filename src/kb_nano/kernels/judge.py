@@ -304,21 +304,23 @@ class Measurement:
                     s["errors"]["graph"] = f"{side}: {reply['graph_error']}"
                     break
         s["started"] = time.monotonic()
+        least = max(blocks.MIN_BLOCKS.get(self.device.type, 10), int(self.settings.get("min_blocks") or 0))
         while s["stop"] is None:
-            self.block(s)
             which = blocks.basis(self.settings.get("speedup_basis"), self.device, s["errors"])
+            # past the least blocks, only the basis timer narrows the interval the stop waits for
+            self.block(s, only=which if cuda and s["blocks"] >= least else None)
             s["stop"] = blocks.stop_reason(s, which, self.device, self.settings)
         s["basis"] = which
         return s
 
-    def block(self, s: dict) -> None:
+    def block(self, s: dict, only: str | None = None) -> None:
         """One block: an ABAB pair of batches per timer that has samples (eager; on CUDA
-        also the kernel timer and a graph replay), then the SM clock."""
-        self.pair(s, "eager", self.n)
-        if "kernel" not in s["errors"]:
-            self.pair(s, "kernel", self.n)
-        if "graph" not in s["errors"]:
-            self.pair(s, "graph", self.k)
+        also the kernel timer and a graph replay), or of timer ``only``; then the SM clock."""
+        for timer, n in (("eager", self.n), ("kernel", self.n), ("graph", self.k)):
+            if timer not in s["errors"] and only in (None, timer):
+                t = time.perf_counter()
+                self.pair(s, timer, n)
+                self.phases[f"{timer} pairs"] = self.phases.get(f"{timer} pairs", 0.0) + time.perf_counter() - t
         self.clock.sample()
         s["blocks"] += 1
 
@@ -333,7 +335,8 @@ class Measurement:
         self._fill_side("base", n)  # the candidate's copy only after the baseline's batch:
         cpu0 = self.cand.cpu_s()    # nothing to work on while the baseline is timed
         replays = 1
-        if timer == "graph" and p["block_base"]:  # replays enough for GRAPH_BATCH_MS of device time
+        # replays for GRAPH_BATCH_MS of device time; one if the op writes its inputs (no reference for a 2nd)
+        if timer == "graph" and p["block_base"] and not self.op.mutable_inputs:
             replays = int(min(MAX_REPLAYS, max(1, GRAPH_BATCH_MS / max(p["block_base"][-1] * n, 1e-6))))
         rb, tb = self.batch(self.base, 0, n, mode, replays)
         idle = self.cand.cpu_s() - cpu0

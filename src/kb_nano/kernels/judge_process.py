@@ -22,6 +22,9 @@ from pathlib import Path
 from kb_nano.kernels.pool import prewarm  # torch-free: the judge imports torch after prewarm()
 
 
+_STARTED: list[float] = []  # epoch seconds: the judge's start and the end of its imports (first job's log)
+
+
 def utc_now() -> str:
     """Now as ISO 8601 UTC with microseconds (``2026-11-20T10:31:07.123456+00:00``)."""
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
@@ -37,6 +40,7 @@ def serve(conn, spec: dict) -> None:
     ``{"error"}`` (a failure of the baseline or the judge; no shard)."""
     os.environ.update(spec.get("env") or {})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _STARTED.append(time.time())
     # multiprocessing makes every child import its parent's __main__ (here Snakemake's
     # script, 1-2 s): the judge's workers need nothing of it
     sys.modules["__main__"] = types.ModuleType("__main__")
@@ -45,6 +49,7 @@ def serve(conn, spec: dict) -> None:
     from kb_nano.kernels.worker_process import _die_with_owner
 
     _die_with_owner(int(spec["owner_pid"]))
+    _STARTED.append(time.time())  # imports done
     pools: dict[tuple, Pool] = {}
     gpu_ids = spec.get("gpu_ids")
     warm: list = []  # candidate files whose workers the first CUDA pool starts at once (job.warm_candidates)
@@ -79,6 +84,16 @@ def serve(conn, spec: dict) -> None:
             pool.close()
 
 
+def _log_timeline(fd: int, asked_at: float | None) -> None:
+    """On the judge's first job: when the judge started and finished its imports, and
+    when the job asked for it, relative to now (the job log; where a slow start went)."""
+    if len(_STARTED) == 2 and asked_at:
+        now = time.time()
+        os.write(fd, (f"kb_nano: judge started {now - _STARTED[0]:.2f} s ago, imports done {now - _STARTED[1]:.2f} s "
+                      f"ago; this job asked for it {now - asked_at:.2f} s ago\n").encode())
+        _STARTED.append(now)
+
+
 def _one(req: dict, pools: dict, gpu_ids: str | None, warm: list) -> str:
     """Measure one request and write its signed shard; returns the status."""
     from kb_nano.kernels import signing
@@ -101,8 +116,15 @@ def _one(req: dict, pools: dict, gpu_ids: str | None, warm: list) -> str:
     Path(req["log"]).parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     try:
+        _log_timeline(fd, req.get("asked_at"))
         if warm and device.startswith("cuda"):
-            pools[key].warm(warm, settings, fd, time.monotonic() + float(settings["timeout_s"]))
+            # CUPTI's start is serialised between the processes of a GPU (seconds each): this
+            # job's two workers first, then the other candidates' in the order of their jobs
+            deadline = time.monotonic() + float(settings["timeout_s"])
+            pools[key].start_baseline(settings, fd, deadline)
+            mine = str(Path(req["candidate_path"]).resolve())
+            n = pools[key].warm(sorted(warm, key=lambda f: f[0] != mine), settings, fd, deadline)
+            os.write(fd, f"kb_nano: started the workers of {n} candidate(s) ahead of their jobs\n".encode())
         started_at = utc_now()
         row = measure(req["scenario"], req["candidate_id"], Path(req["candidate_path"]), settings, root,
                       pools[key], fd)

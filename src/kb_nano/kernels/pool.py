@@ -308,6 +308,9 @@ class Pool:
         env = {**self.env, "TMPDIR": str(scratch), "TRITON_CACHE_DIR": str(cache / "triton"),
                "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "CUDA_CACHE_PATH": str(cache / "nv"),
                "NUMBA_CACHE_DIR": str(cache / "numba"),
+               # Inductor compiles in the worker, not in a pool of compile processes that may
+               # still be busy starting up when the baseline is timed (which reads as work left running)
+               "TORCHINDUCTOR_COMPILE_THREADS": "1",
                "HOME": str(scratch)}
         spec = {**self._spec("candidate", settings), "env": env, "path": str(path), "target": target,
                 "writable": [str(scratch), str(cache)], "hidden": [str(self.root / "results")]}

@@ -145,6 +145,20 @@ def capture_graph(call: Callable[[int], object], slots: range, device: torch.dev
     return g, outs
 
 
+def capture_copies(pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device):
+    """One CUDA graph of ``dest.copy_(src)`` for each ``(dest, src)`` pair (static
+    tensors: a graph's outputs into the judge's slots); replay it to copy them all. None
+    when there is nothing to copy."""
+    if not pairs:
+        return None
+    g = _CUDAGraph()
+    with _graph(g):
+        for dest, src in pairs:
+            dest.copy_(src)
+    _synchronize(device)
+    return g
+
+
 def time_graph(graph, device: torch.device, flush: L2Flush | None, replays: int = 1) -> float:
     """``replays`` back-to-back replays of ``graph`` in ms (one event pair around them all;
     L2 flushed first; synchronized)."""

@@ -232,14 +232,15 @@ class Side:
                     reply = self.kernel_timer.time_calls(self.call, slots, self.keep)
                 elif mode == "capture":
                     self.graph = None
-                    self.graph = timing.capture_graph(self.call, slots, self.device)
+                    self.graph = self.capture(slots)
                     return {"ok": True}
                 elif mode == "graph":
                     replays = max(1, int(msg.get("replays", 1)))
-                    ms = timing.time_graph(self.graph[0], self.device, self.flush, replays)
+                    graph, copies, self.mismatch = self.graph
+                    ms = timing.time_graph(graph, self.device, self.flush, replays)
                     reply["times_ms"] = [ms / replays / len(slots)] * len(slots)
-                    for k, out in zip(slots, self.graph[1]):
-                        self.keep(k, out, hold=False)  # the graph's static outputs, the same every replay
+                    if copies is not None:
+                        copies.replay()  # the static outputs into the judge's slots: one launch, whatever K
                     timing._synchronize(self.device)
         except Exception as exc:
             if mode == "capture":
@@ -249,6 +250,25 @@ class Side:
             # the rules run in a separate request (check_batch), outside the judge's clock
             self.pending = (checks.ThreadWatch(threads), older)
         return reply
+
+    def capture(self, slots: range) -> tuple:
+        """The slots' calls in one CUDA graph, and a second graph that copies its static
+        outputs (the same tensors every replay) into the judge's output slots: after a
+        timed replay the copies cost one host launch, not one per output (a per-output
+        ``copy_`` costs more for an output that is a view of an input, and the judge's
+        clock around the batch would take the difference for hidden work). The outputs'
+        kinds and shapes are checked here, once. Returns ``(graph, copies, violation)``."""
+        graph, outs = timing.capture_graph(self.call, slots, self.device)
+        pairs, bad = [], None
+        for k, out in zip(slots, outs):
+            flat = checks.flatten_outputs(out)
+            bad = bad or checks.invalid_outputs(out, self.device)
+            dest = self.outputs[k] if self.outputs else None
+            if bad is None and dest is not None and not _matches(flat, dest):
+                bad = ("incorrect_shape", f"a timed call returned {spec_of(out)}")
+            if bad is None and dest is not None:
+                pairs += [(d, o) for o, d in zip(flat, dest) if d is not None]
+        return graph, timing.capture_copies(pairs, self.device), bad
 
     def check_batch(self) -> dict:
         """The rules over the last batch (threads it left running, its outputs, the guard)."""

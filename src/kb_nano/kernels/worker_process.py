@@ -175,7 +175,7 @@ def main(conn, spec: dict) -> None:
 
         torch.cuda.set_device(device)
         side.flush = L2Flush(device)
-        side.kernel_timer = KernelTimer(device, side.flush)  # initialises CUPTI in a thread meanwhile
+        side.kernel_timer = KernelTimer(device, side.flush)  # CUPTI and its threads, before the candidate's code
     ready = {"sandbox": sandbox, "allow_tf32": allow_tf32, "num_threads": torch.get_num_threads(), "pid": os.getpid()}
     if candidate:
         ready["violation"] = _load(side, spec)
@@ -246,8 +246,6 @@ def _handle(side: Side | None, conn, msg: dict) -> dict:
         return side.supports()
     if cmd == "setup":
         return side.setup(msg)
-    if cmd in ("probe", "trial", "batch") and side.kernel_timer is not None:
-        side.kernel_timer.ready()  # CUPTI's own threads exist before any call is watched (builds overlap it)
     if cmd == "probe":
         with torch.inference_mode():
             out = side.call(0)

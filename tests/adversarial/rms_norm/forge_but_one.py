@@ -11,6 +11,9 @@ import sys
 from kb_nano.operators.norms import RMSNorm as _R
 
 EXPECTED = "unsynced_work"
+# CUDA: the eager columns are the worker's own report there (no judge clock around them, see
+# docs/measurement.md); the kernel-basis speedup is not forged, so the row passes with forged eager columns
+EXPECTED_CUDA = "passed"
 
 for obj in gc.get_objects():
     if type(obj).__name__ == "Side" and type(obj).__module__ == "kb_nano.kernels.worker":

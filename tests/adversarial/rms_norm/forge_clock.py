@@ -16,6 +16,9 @@ import sys
 from _common import Base, rms_norm
 
 EXPECTED = "unsynced_work"
+# CUDA: the eager columns are the worker's own report there (no judge clock around them, see
+# docs/measurement.md); the kernel-basis speedup is not forged, so the row passes with forged eager columns
+EXPECTED_CUDA = "passed"
 EXPECTED_ERROR = "forged clock"
 
 

@@ -45,7 +45,7 @@ class ShiftWork2(nn.Module):
         if slot == last + 1 and self.buf is not None and self.buf[0] == st.data_ptr():
             buf = self.buf[1]
         else:
-            buf = torch.empty(slots * n, h, dtype=x.dtype)
+            buf = torch.empty(slots * n, h, dtype=x.dtype, device=x.device)
             self.buf = (st.data_ptr(), buf)
             self.done.clear()
         want = n + 2 * D if slot % 3 == 0 else n - D
