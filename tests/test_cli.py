@@ -62,6 +62,7 @@ def test_bad_flags_give_one_line_errors(work, args, needle):
         ("tpp: [1]\n", "'tpp' was unexpected"),
         ("atol: -1\n", "atol"),
         ("models: [nosuchmodel]\n", "unknown model 'nosuchmodel'"),
+        ("targets: [rms_nrom]\n", "bad.yaml: targets: unknown target 'rms_nrom'"),
     ],
 )
 def test_bad_config_files_give_one_line_errors(work, tmp_path, text, needle):

@@ -135,6 +135,14 @@ def test_not_applicable_tp_becomes_skipped_rows_with_reason(tmp_path):
     assert rot.error.str.contains("tp=8 does not divide num_attention_heads=28").all()
 
 
+def test_every_engine_module_is_a_kernel_job_input():
+    """An edit to any module of the Tier-1 engine reruns the kernel jobs (Snakemake inputs)."""
+    from kb_nano import workflow as kbw
+
+    engine = {f"kernels/{p.name}" for p in (kbw.PACKAGE_DIR / "kernels").glob("*.py") if p.name != "__init__.py"}
+    assert engine - set(kbw.HARNESS_MODULES) == set()
+
+
 def test_lint_is_clean_and_files_are_snakefmt_formatted():
     import subprocess
     import sys

@@ -15,8 +15,9 @@ from kb_nano.models import INDEX_FILE, check_config_file, resolve
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Harness files whose edits must rerun every kernel job (with the operator's own module).
 HARNESS_MODULES = (
-    *(f"kernels/{m}.py" for m in ("checks", "compare", "fields", "guard", "inputs", "job", "judge", "judge_process", "measure",
-                                  "pool", "sandbox", "shm", "signing", "timing", "worker", "worker_process")),
+    *(f"kernels/{m}.py" for m in ("agreement", "blocks", "checks", "compare", "cupti", "cupti_lib", "fields", "guard",
+                                  "inputs", "job", "judge", "judge_process", "measure", "pool", "procs", "sandbox",
+                                  "shm", "signing", "timing", "worker", "worker_process")),
     "candidates.py", "schema.py", "gpus.py", "operators/base.py",
 )
 MANIFEST_MODULES = ("models.py", "manifest.py", "operators/__init__.py", "operators/base.py")

@@ -121,7 +121,12 @@ def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: boo
                 float(error.instance)
                 hint = f" (YAML reads {error.instance} as a string; write it with a decimal point, e.g. 5.0e3)"
         raise KbNanoError(f"{origin}: {where}: {error.message}{hint}")
-    kbw.check_config(config)
+    try:
+        kbw.check_config(config)
+    except KbNanoError as exc:  # "config KEY: ..." -> the flag or the file that set KEY
+        message = str(exc).removeprefix("config ")
+        key = message.split(":", 1)[0].split(".")[0]
+        raise KbNanoError(f"{_FLAG_FOR_KEY.get(key, key) if key in overrides else source}: {message}") from None
     kbw.candidates(root, config)
     kbw.model_config_files(root, config)
     if str(config["device"]).startswith("cuda") and not gpus.pool():
