@@ -67,10 +67,15 @@ def basis(requested: str, device: torch.device, errors: dict) -> str:
     return "eager"
 
 
+def least_blocks(device: torch.device, settings: dict) -> int:
+    """The blocks every measurement runs: :data:`MIN_BLOCKS`, or ``settings["min_blocks"]``
+    when larger."""
+    return max(MIN_BLOCKS.get(device.type, 10), int(settings.get("min_blocks") or 0))
+
+
 def stop_reason(s: dict, which: str, device: torch.device, settings: dict) -> str | None:
     """Why the blocks stop now, or None to run another. ``which``: the basis timer."""
-    need = max(MIN_BLOCKS.get(device.type, 10), int(settings.get("min_blocks") or 0))
-    if s["blocks"] < need:
+    if s["blocks"] < least_blocks(device, settings):
         return None
     if device.type != "cuda":
         return "fixed"

@@ -304,7 +304,7 @@ class Measurement:
                     s["errors"]["graph"] = f"{side}: {reply['graph_error']}"
                     break
         s["started"] = time.monotonic()
-        least = max(blocks.MIN_BLOCKS.get(self.device.type, 10), int(self.settings.get("min_blocks") or 0))
+        least = blocks.least_blocks(self.device, self.settings)
         while s["stop"] is None:
             which = blocks.basis(self.settings.get("speedup_basis"), self.device, s["errors"])
             # past the least blocks, only the basis timer narrows the interval the stop waits for

@@ -144,15 +144,21 @@ class Side:
     def call(self, k: int):
         return self.module(*self.inputs[k])
 
-    def keep(self, k: int, out, hold: bool = True) -> None:
-        """Untimed, after call ``k``: copy its outputs into the judge's output slot ``k``
-        and hold the output objects; an invalid output or one the slot does not fit is
-        remembered in ``mismatch`` (reported at the end of the batch)."""
+    def _slot_outputs(self, k: int, out) -> tuple[list, list | None, tuple | None]:
+        """Call ``k``'s flattened outputs, the judge's output slot ``k`` (None before the
+        slots exist) and the violation when an output is invalid or does not fit it."""
         outs = checks.flatten_outputs(out)
         bad = checks.invalid_outputs(out, self.device)
         dest = self.outputs[k] if self.outputs else None
         if bad is None and dest is not None and not _matches(outs, dest):
             bad = ("incorrect_shape", f"a timed call returned {spec_of(out)}")
+        return outs, dest, bad
+
+    def keep(self, k: int, out) -> None:
+        """Untimed, after call ``k``: copy its outputs into the judge's output slot ``k``
+        and hold the output objects; an invalid output or one the slot does not fit is
+        remembered in ``mismatch`` (reported at the end of the batch)."""
+        outs, dest, bad = self._slot_outputs(k, out)
         if bad is not None:
             self.mismatch = self.mismatch or bad
             return
@@ -160,8 +166,6 @@ class Side:
             for o, d in zip(outs, dest):
                 if d is not None:
                     d.copy_(o)
-        if not hold:
-            return
         mutable = [t for name, t in zip(self._names(), self.inputs[k]) if name in self.op.mutable_inputs]
         for o in outs:
             if isinstance(o, torch.Tensor) and not any(checks._overlap(o, m) for m in mutable):
@@ -261,12 +265,10 @@ class Side:
         graph, outs = timing.capture_graph(self.call, slots, self.device)
         pairs, bad = [], None
         for k, out in zip(slots, outs):
-            flat = checks.flatten_outputs(out)
-            bad = bad or checks.invalid_outputs(out, self.device)
-            dest = self.outputs[k] if self.outputs else None
-            if bad is None and dest is not None and not _matches(flat, dest):
-                bad = ("incorrect_shape", f"a timed call returned {spec_of(out)}")
-            if bad is None and dest is not None:
+            flat, dest, bad = self._slot_outputs(k, out)
+            if bad is not None:
+                break
+            if dest is not None:
                 pairs += [(d, o) for o, d in zip(flat, dest) if d is not None]
         return graph, timing.capture_copies(pairs, self.device), bad
 
