@@ -5,7 +5,9 @@ Runs the SAME (scenario, candidate) rows two ways and prints both walls and thei
 1. kb-nano: the workflow files are copied into a fresh temporary directory and
    ``kb_nano kernels [options] -- --until merge_kernels`` runs there (MLflow logging is
    not timed). Wall = the whole invocation (``time.perf_counter``): manifest, Snakemake,
-   one job per scenario, merge. Also reported: the rows by status and the sum of the
+   one job per scenario, merge. The manifest is generated, or copied from the user cache
+   (``~/.cache/kb_nano/manifests``) when an earlier run generated the same one: the
+   output says which; ``--cold-cache`` runs with an empty cache. Also reported: the rows by status and the sum of the
    rows' own ``wall_s``.
 2. bare loop, in this one process, for exactly the pairs kb-nano ran with status
    ``passed``: import torch, build the baseline and the candidate (weights copied from the
@@ -29,6 +31,7 @@ samples during each run: the share of samples with utilization > 0 and the mean 
     python bench/throughput.py --device cuda --model llama31-8b --tp 1 \\
         --target rms_norm silu_and_mul --num-tokens 1 16 64 256 1024 4096 16384
     python bench/throughput.py --keep --json out.json --max-ratio 3   # --keep: for --reuse DIR
+    python bench/throughput.py --cold-cache   # as a first sweep on a new machine (manifest generated)
 
 Exit status: 0; 1 with ``--max-ratio X`` when kb/bare exceeds X; 2 when something errored.
 """
@@ -232,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the numbers to this file")
     p.add_argument("--max-ratio", type=float, help="exit 1 when kb/bare exceeds this")
     p.add_argument("--keep", action="store_true", help="keep the temporary workflow copy (for --reuse)")
+    p.add_argument("--cold-cache", action="store_true",
+                   help="run kb-nano with an empty XDG_CACHE_HOME (no cached manifest, no candidate compiler "
+                        "caches: a first sweep on a new machine); default: the user's cache, as a second sweep has it")
     p.add_argument("--reuse", type=Path, help=argparse.SUPPRESS)  # skip kb-nano; read DIR/results
     args = p.parse_args(argv)
 
@@ -248,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = kb_nano_command(args)
         result["kb_nano_command"] = shlex.join(cmd)
         env = {**os.environ, "KB_NANO_ROOT": str(root), "COLUMNS": "200"}
+        if args.cold_cache:
+            env["XDG_CACHE_HOME"] = str(root / ".cold_cache")
         with GpuSampler() as sampler:  # the whole invocation, output captured
             t0, kb_start = time.perf_counter(), datetime.now(UTC)
             proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -255,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             kb_wall = time.perf_counter() - t0
         kb_gpu = sampler.summary()
         (root / "kb_nano_output.txt").write_text(proc.stdout)
+        result["manifest"] = ("from the user cache" if "llm.yaml (from the user cache)" in proc.stdout
+                              else "generated" if "wrote results/inputs/llm.yaml" in proc.stdout else "read back")
         if proc.returncode:
             print(proc.stdout[-4000:], file=sys.stderr)
             print(f"kb_nano exited {proc.returncode} after {kb_wall:.1f} s (copy kept: {root})", file=sys.stderr)
@@ -287,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         ("rows (kb-nano)", f"{len(rows)}: {statuses}"),
         ("rows timed by the bare loop", f"{len(passed)} passed pairs ({len(errors)} errored)"),
         ("kb-nano wall (s)", fmt(kb_wall)),
+        *((("kb-nano manifest", result["manifest"] + (" (--cold-cache)" if args.cold_cache else "")),)
+          if "manifest" in result else ()),
         ("kb-nano sum of rows' wall_s (s)", fmt(result["kb_nano_row_wall_s_sum"])),
         *((("kb-nano before / during / after jobs (s)",
             " / ".join(fmt(v) for v in result["kb_nano_phases_s"].values())),) if result.get("kb_nano_phases_s") else ()),

@@ -414,3 +414,30 @@ def test_kernel_timer_without_cupti_says_why(monkeypatch):
     timer = cupti.KernelTimer(torch.device("cpu"), flush=None)
     assert timer.error == "CUPTI kernel timing unavailable: CuptiError: no libcupti.so beside torch"
     assert timer.time_calls(lambda i: None, range(2), lambda i, out: None) == {"kernel_error": timer.error}
+
+
+HEAP_PROBE = """
+import resource, sys, torch
+from kb_nano.kernels import heap
+if sys.argv[1] == "on":
+    assert heap.configure() is None
+    assert heap.reserve(128 << 20) > 120 << 20 and heap.reserve(128 << 20) < 1 << 20  # the second finds it free
+x = torch.randn(64, 2048)
+held = []
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(200):
+    held.append(x * 2)  # 512 KiB each, all held: 100 MiB
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_held_cpu_outputs_land_on_faulted_heap():
+    """A CPU worker's held outputs do not page-fault (kb_nano.kernels.heap): with glibc's
+    defaults each 512 KiB output is a fresh mmap (128 faults); after configure + reserve,
+    almost none."""
+    import subprocess
+    import sys
+
+    faults = {mode: int(subprocess.run([sys.executable, "-c", HEAP_PROBE, mode], capture_output=True, text=True,
+                                       check=True).stdout) for mode in ("off", "on")}
+    assert faults["off"] > 200 * 100 and faults["on"] < 200 * 5, faults

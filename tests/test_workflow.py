@@ -72,15 +72,38 @@ def test_editing_one_candidate_reruns_only_its_jobs(swept):
     assert row["candidate_sha256"] == hashlib.sha256(cand.read_bytes()).hexdigest()
 
 
-def test_manifest_is_byte_identical_when_regenerated_and_kept_when_inputs_unchanged(swept):
+def test_manifest_is_byte_identical_when_regenerated_and_kept_when_inputs_unchanged(swept, tmp_path, monkeypatch):
     manifest = swept / "results/inputs/llm.yaml"
     first = manifest.read_bytes()
     mtime = manifest.stat().st_mtime_ns
     snakemake(swept, "-n")
     assert manifest.stat().st_mtime_ns == mtime  # inputs unchanged: read back, not rewritten
     manifest.unlink()
-    snakemake(swept, "-n")
-    assert manifest.read_bytes() == first
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty_cache"))  # generated, not copied
+    out = snakemake(swept, "-n")
+    assert manifest.read_bytes() == first and "from the user cache" not in out.stderr + out.stdout
+    # another working directory with the same inputs copies it from the user cache
+    (tmp_path / "other").mkdir()
+    other = copy_workflow(tmp_path / "other")
+    out = snakemake(other, "-n")
+    assert "llm.yaml (from the user cache)" in out.stderr + out.stdout
+    assert (other / "results/inputs/llm.yaml").read_bytes() == first
+
+
+def test_manifest_digest_names_files_relative_and_includes_transformers(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    from kb_nano.manifest import inputs_digest
+
+    for d in ("a", "b"):
+        (tmp_path / d / "config").mkdir(parents=True)
+        (tmp_path / d / "config/m.json").write_text("{}")
+    params = {"models": ["m"], "tp": [1]}
+    digest = {d: inputs_digest(params, [tmp_path / d / "config/m.json"], tmp_path / d) for d in ("a", "b")}
+    assert digest["a"] == digest["b"]  # the same inputs in two directories
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.0.1" if name == "transformers" else real(name))
+    assert inputs_digest(params, [tmp_path / "a/config/m.json"], tmp_path / "a") != digest["a"]
 
 
 def test_dry_run_on_a_fresh_copy_shows_every_kernel_job(tmp_path):

@@ -16,7 +16,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # Harness files whose edits must rerun every kernel job (with the operator's own module).
 HARNESS_MODULES = (
     *(f"kernels/{m}.py" for m in ("agreement", "blocks", "checks", "compare", "cupti", "cupti_lib", "fields", "guard",
-                                  "inputs", "job", "judge", "judge_process", "measure", "pool", "procs", "sandbox",
+                                  "heap", "inputs", "job", "judge", "judge_process", "measure", "pool", "procs", "sandbox",
                                   "shm", "signing", "timing", "worker", "worker_process")),
     "candidates.py", "schema.py", "gpus.py", "operators/base.py",
 )
@@ -154,8 +154,9 @@ def manifest_code_files() -> list[str]:
 def manifest(root: Path, config: dict, path: Path) -> tuple[dict, bool]:
     """The scenario manifest of ``config`` at parse time (:func:`kb_nano.manifest.cached`):
     read from ``path`` when its inputs (models, tp, num_tokens, dtype, context_lens, the
-    models' config.json files, the operators' shape code) are unchanged, else regenerated.
-    Returns ``(manifest, regenerated)``. Raises ``KbNanoError``."""
+    models' config.json files, the operators' shape code) are unchanged, else copied from
+    the user cache or regenerated. Returns ``(manifest, how)``: ``how`` None (read from
+    ``path``), ``"cache"`` or ``"generated"``. Raises ``KbNanoError``."""
     from kb_nano.manifest import cached
 
     params = {k: config.get(k) for k in ("models", "tp", "num_tokens", "dtype", "context_lens")}

@@ -360,7 +360,8 @@ class Pool:
 
 def cache_dir() -> Path:
     """Where candidates' compilers may cache (Triton, Inductor, numba, the CUDA JIT): one folder
-    per candidate file content under ``$XDG_CACHE_HOME/kb_nano`` (``~/.cache/kb_nano``),
+    per candidate file content under ``$XDG_CACHE_HOME/kb_nano/candidates`` (``~/.cache/kb_nano``),
     so no candidate can plant entries in another's cache."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kb_nano" / "candidates"
+    from kb_nano.files import user_cache_dir
+
+    return user_cache_dir("candidates")

@@ -26,11 +26,15 @@ import gc
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the CUDA IPC reductions used by shm)
 
-from kb_nano.kernels import checks, timing
+from kb_nano.kernels import checks, heap, timing
 from kb_nano.kernels.inputs import randomize_constant_parameters
 
 WAIT_AFTER_RETURN_S = 0.02  # CPU: how long the output-stability and thread checks watch after a call
-HOLD_BYTES = {"cpu": 1 << 30, "cuda": 2 << 30}  # outputs held for the aliasing check (per worker)
+# outputs held for the aliasing check (per worker); on the CPU the heap is pre-faulted for
+# them (kb_nano.kernels.heap), and a ring of buffers longer than 256 MiB is colder than the
+# 2-core EPYC's caches anyway, so it gains nothing over fresh outputs
+HOLD_BYTES = {"cpu": 256 << 20, "cuda": 2 << 30}
+RESERVE_CALLS = 1024  # CPU: heap faulted in before a scenario, for this many calls' outputs (up to HOLD_BYTES)
 
 
 class Side:
@@ -132,6 +136,8 @@ class Side:
         self.inputs, self.outputs = [], []
         self.held.clear()
         self.held_bytes = 0
+        if self.device.type == "cpu":
+            heap.release()
         if self.role == "candidate":
             gc.collect()  # a candidate's reference cycles (what the worker imported is frozen: gc.freeze)
             if self.device.type == "cuda":
@@ -139,6 +145,14 @@ class Side:
 
     def check_guard(self, when: str):
         return self.guard.check(when) if self.guard is not None else None
+
+    def set_outputs(self, slots: list[list[torch.Tensor]]) -> None:
+        """The judge's output slots (``[call][output]``); on the CPU, fault in the heap the
+        held outputs will take (:func:`kb_nano.kernels.heap.reserve`)."""
+        self.outputs = slots
+        if self.device.type == "cpu" and slots:
+            per_call = sum(t.numel() * t.element_size() for t in slots[0] if t is not None)
+            heap.reserve(min(HOLD_BYTES["cpu"], per_call * RESERVE_CALLS))
 
     # ------------------------------------------------------------------ calls
     def call(self, k: int):
