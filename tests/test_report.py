@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from tracking_helpers import ROOT
 
-from kb_nano import history, tracking
+from kb_nano import tracking
+from kb_nano.tracking import history
 
 TINY = """\
 targets: [rms_norm]

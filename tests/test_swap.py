@@ -1,4 +1,4 @@
-"""kb_nano.swap: candidates applied bottom-up to a model's module tree, subsumption
+"""kb_nano.e2e.swap: candidates applied bottom-up to a model's module tree, subsumption
 warnings, the active module map, weights carried over, outputs unchanged."""
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from kb_nano import operators, swap  # noqa: E402
-from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
+from kb_nano import operators  # noqa: E402
 from kb_nano.candidates import discover, load_class  # noqa: E402
+from kb_nano.e2e import swap  # noqa: E402
+from kb_nano.e2e.swap import SubsumptionWarning, Subsumed, SwapError  # noqa: E402
+from kb_nano.e2e.swap_matches import Match, active_matches  # noqa: E402
 from kb_nano.errors import KbNanoError  # noqa: E402
+from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
 from kb_nano.operators.activations import SiluAndMul  # noqa: E402
 from kb_nano.operators.layers import CausalLM, DecoderLayer  # noqa: E402
 from kb_nano.operators.norms import RMSNorm  # noqa: E402
 from kb_nano.operators.rotary import RotaryEmbedding  # noqa: E402
-from kb_nano.swap import SubsumptionWarning, Subsumed, SwapError  # noqa: E402
-from kb_nano.swap_matches import Match, active_matches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES = {c.id: c for c in discover(ROOT)}

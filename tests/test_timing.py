@@ -441,3 +441,31 @@ def test_held_cpu_outputs_land_on_faulted_heap():
     faults = {mode: int(subprocess.run([sys.executable, "-c", HEAP_PROBE, mode], capture_output=True, text=True,
                                        check=True).stdout) for mode in ("off", "on")}
     assert faults["off"] > 200 * 100 and faults["on"] < 200 * 5, faults
+
+
+def test_process_tampering_sees_changed_limits_and_raised_priority():
+    """The judge's check before every batch (kb_nano.kernels.procs.process_tampering): a
+    lowered resource limit of the baseline worker is found and restored; a candidate at a
+    lower niceness than the judge is found (needs the privilege to lower it: root)."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    from kb_nano.kernels.procs import elevated_threads, process_tampering, restore_limits
+
+    base = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    cand = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert process_tampering(base.pid, cand.pid) is None
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.prlimit(base.pid, resource.RLIMIT_NOFILE, (min(soft, 64), hard))
+        assert "RLIMIT_NOFILE" in process_tampering(base.pid, cand.pid)
+        assert resource.prlimit(base.pid, resource.RLIMIT_NOFILE) == (soft, hard)  # restored
+        assert restore_limits(base.pid) == []
+        if os.geteuid() == 0:
+            os.setpriority(os.PRIO_PROCESS, cand.pid, os.getpriority(os.PRIO_PROCESS, 0) - 1)
+            assert elevated_threads(cand.pid) and "priority" in process_tampering(base.pid, cand.pid)
+    finally:
+        base.kill()
+        cand.kill()

@@ -1,6 +1,6 @@
 """MLflow tracking (kb_nano.tracking): store URI resolution, the run digest, idempotent
 logging into a real SQLite store and a real ``mlflow server``, concurrent writers, and
-the plots (kb_nano.plots)."""
+the plots (kb_nano.tracking.plots)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tracking_helpers import mlflow_server, result_set, row
 
 from kb_nano import tracking
 from kb_nano.errors import KbNanoError
-from kb_nano.plots import achieved, bandwidth_plot, device_peak, speedup_plot
+from kb_nano.tracking.plots import achieved, bandwidth_plot, device_peak, speedup_plot
 
 ROWS = [
     row("rms_norm", "torch_fused", speedup=1.2),
@@ -214,8 +214,8 @@ def test_two_sweeps_finishing_at_once_are_both_recorded(tmp_path):
 @pytest.mark.slow
 def test_real_mlflow_server(tmp_path, monkeypatch):
     """Log into a real ``mlflow server`` on 127.0.0.1 (via $MLFLOW_TRACKING_URI, as a user
-    would), idempotently, and read it back through kb_nano.history."""
-    from kb_nano import history
+    would), idempotently, and read it back through kb_nano.tracking.history."""
+    from kb_nano.tracking import history
 
     with mlflow_server(tmp_path) as url:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", url)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -82,6 +83,10 @@ def test_manifest_is_byte_identical_when_regenerated_and_kept_when_inputs_unchan
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty_cache"))  # generated, not copied
     out = snakemake(swept, "-n")
     assert manifest.read_bytes() == first and "from the user cache" not in out.stderr + out.stdout
+    from kb_nano.kernels.sandbox import abi_version
+
+    if not abi_version():
+        return  # no Landlock here: the user cache is not used (a candidate could write it)
     # another working directory with the same inputs copies it from the user cache
     (tmp_path / "other").mkdir()
     other = copy_workflow(tmp_path / "other")
@@ -200,3 +205,31 @@ def test_new_token_count_runs_only_new_scenarios_and_num_runs_reruns_all(swept):
         assert all(rerun[k] != after[k] for k in after)
     finally:
         small.write_text(original)
+
+
+@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\xff\xfe", b"", b"[]",
+                                     b'{"schema_version": 1, "inputs_digest": "x"}',
+                                     b'{"schema_version": 1, "models": {}, "scenarios": [{"target": "rms_norm"}]}'])
+def test_a_damaged_manifest_is_one_line_and_regenerated(tmp_path, monkeypatch, content):
+    """Binary garbage, an empty file, a wrong structure: ``load`` names the file in one
+    line, and ``cached`` regenerates instead of trusting it (the user cache too)."""
+    from kb_nano import manifest, workflow
+    from kb_nano.errors import KbNanoError
+
+    bad = tmp_path / "llm.yaml"
+    bad.write_bytes(content)
+    with pytest.raises(KbNanoError, match="llm.yaml"):
+        manifest.load(bad)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "w").mkdir()
+    work = copy_workflow(tmp_path / "w")
+    config = {"models": ["llama32-1b"], "tp": [1], "num_tokens": [1], "dtype": "auto"}
+    params = {k: config.get(k) for k in ("models", "tp", "num_tokens", "dtype", "context_lens")}
+    files = [work / f for f in workflow.model_config_files(work, config)] + [Path(f) for f in workflow.manifest_code_files()]
+    cache = manifest.user_cache_path(manifest.inputs_digest(params, files, work))
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(content)
+    (work / "results/inputs").mkdir(parents=True)
+    (work / "results/inputs/llm.yaml").write_bytes(content)
+    data, how = workflow.manifest(work, config, Path("results/inputs/llm.yaml"))
+    assert how == "generated" and data["scenarios"]

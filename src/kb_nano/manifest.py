@@ -157,13 +157,18 @@ def load(path: Path) -> dict:
             data = json.loads(text)
         except ValueError:  # a hand-written or older YAML manifest
             data = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise KbNanoError(f"{path}: not a readable manifest ({' '.join(str(exc).split())[:120]}); delete it "
-                          "(it is regenerated)") from None
     except FileNotFoundError:
         raise KbNanoError(f"{path}: manifest missing; run `kb_nano generate-inputs`") from None
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        raise KbNanoError(f"{path}: not a kb-nano manifest of schema {SCHEMA_VERSION}; regenerate it")
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+        raise KbNanoError(f"{path}: not a readable manifest ({' '.join(str(exc).split())[:120]}); delete it "
+                          "(it is regenerated)") from None
+    scenarios = data.get("scenarios") if isinstance(data, dict) else None
+    if (not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION
+            or not isinstance(data.get("models"), dict) or not isinstance(scenarios, list)
+            or not all(isinstance(e, dict) and isinstance(e.get("scenario_id"), str) and isinstance(e.get("target"), str)
+                       and isinstance(e.get("applicable"), bool) for e in scenarios)):
+        raise KbNanoError(f"{path}: not a kb-nano manifest of schema {SCHEMA_VERSION} (models, scenarios with "
+                          "scenario_id, target, applicable); delete it (it is regenerated)")
     return data
 
 
@@ -218,10 +223,16 @@ def cached(path: Path, root: Path, params: dict, files: list[Path]) -> tuple[dic
     :func:`inputs_digest`; else copied from the user cache (:func:`user_cache_path`) when
     that holds one with the digest; else generated. A manifest not read from ``path`` is
     written there atomically (and a generated one to the user cache too, best effort).
+    The user cache is used only where Landlock confines candidates
+    (:func:`kb_nano.kernels.sandbox.abi_version`), since it outlives the working directory.
     Returns ``(manifest, how)``: ``how`` is None (read from ``path``), ``"cache"`` or
     ``"generated"``. Raises ``KbNanoError`` as :func:`generate` does."""
+    from kb_nano.kernels.sandbox import abi_version
+
     digest_now = inputs_digest(params, files, root)
-    for where, how in ((Path(path), None), (user_cache_path(digest_now), "cache")):
+    # without Landlock a candidate could write the user cache, and every later directory would read it
+    shared = abi_version() > 0
+    for where, how in ((Path(path), None), *(((user_cache_path(digest_now), "cache"),) if shared else ())):
         if where.is_file():
             try:
                 data = load(where)
@@ -242,6 +253,7 @@ def cached(path: Path, root: Path, params: dict, files: list[Path]) -> tuple[dic
     manifest = {"schema_version": manifest["schema_version"], "inputs_digest": digest_now,
                 **{k: v for k, v in manifest.items() if k != "schema_version"}}
     write(manifest, Path(path))
-    with contextlib.suppress(OSError):  # a read-only or full cache only costs the next directory the generation
-        write(manifest, user_cache_path(digest_now))
+    if shared:
+        with contextlib.suppress(OSError):  # a read-only or full cache only costs the next directory the generation
+            write(manifest, user_cache_path(digest_now))
     return manifest, "generated"

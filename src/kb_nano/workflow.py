@@ -15,7 +15,7 @@ from kb_nano.models import INDEX_FILE, check_config_file, resolve
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Harness files whose edits must rerun every kernel job (with the operator's own module).
 HARNESS_MODULES = (
-    *(f"kernels/{m}.py" for m in ("agreement", "blocks", "checks", "compare", "cupti", "cupti_lib", "fields", "guard",
+    *(f"kernels/{m}.py" for m in ("agreement", "blocks", "build", "checks", "compare", "cupti", "cupti_lib", "fields", "guard",
                                   "heap", "inputs", "job", "judge", "judge_process", "measure", "pool", "procs", "sandbox",
                                   "shm", "signing", "timing", "worker", "worker_process")),
     "candidates.py", "schema.py", "gpus.py", "operators/base.py",
@@ -147,8 +147,10 @@ def harness_files(target: str) -> list[str]:
 
 def manifest_code_files() -> list[str]:
     """Library files the manifest depends on (shape rules of every operator)."""
-    modules = {e.module.split(".")[-1] for e in operators.CATALOG.values()}
-    return [str(PACKAGE_DIR / f) for f in (*MANIFEST_MODULES, *(f"operators/{m}.py" for m in sorted(modules)))]
+    # every module of the operators package: the shape rules import helpers beyond the
+    # catalog's modules (hf_modules builds the L3/L4 configs that decide init_args and applicability)
+    ops = sorted(p.relative_to(PACKAGE_DIR).as_posix() for p in (PACKAGE_DIR / "operators").glob("*.py"))
+    return [str(PACKAGE_DIR / f) for f in dict.fromkeys((*MANIFEST_MODULES, *ops))]
 
 
 def manifest(root: Path, config: dict, path: Path) -> tuple[dict, bool]:

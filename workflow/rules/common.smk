@@ -93,7 +93,8 @@ def golden_model_config(wildcards):
 
 
 # ----------------------------------------------------------------------------- Tier 2 (e2e.smk)
-from kb_nano import e2e_plan, eval_plan
+from kb_nano.e2e import plan as e2e_plan
+from kb_nano.eval import plan as eval_plan
 from kb_nano.candidates import file_sha256 as candidate_sha256
 
 # Tier 2/3 sections are optional for Tier-1 runs (a config/config.yaml without them still works).
@@ -103,10 +104,10 @@ ENV_E2E = "../../envs/kb_nano_e2e.yaml"
 E2E_HARNESS = [
     str(kbw.PACKAGE_DIR / f)
     for f in (
-        "e2e_job.py",
-        "vllm_plugin.py",
-        "vllm_cli.py",
-        "workloads.py",
+        "e2e/job.py",
+        "e2e/vllm_plugin.py",
+        "e2e/vllm_cli.py",
+        "e2e/workloads.py",
         "candidates.py",
         "schema.py",
     )
@@ -116,7 +117,7 @@ E2E_HARNESS = [
 @functools.lru_cache(maxsize=2)
 def tier_plan(tier):
     """The jobs of an end-to-end tier (``e2e`` from the ``e2e`` config section, ``eval``
-    from ``eval`` with its fixed workloads, kb_nano.eval_plan): device, models by key,
+    from ``eval`` with its fixed workloads, kb_nano.eval.plan): device, models by key,
     workloads by name, variants, the TPs each model runs, skipped (model, tp, reason)
     and the engine settings."""
     if tier not in config:

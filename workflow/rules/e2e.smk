@@ -1,4 +1,4 @@
-# Tier 2: vLLM's own benchmarks with candidates swapped into the engine (kb_nano.e2e_job).
+# Tier 2: vLLM's own benchmarks with candidates swapped into the engine (kb_nano.e2e.job).
 # Planned lazily (input functions), so a Tier-1 run never depends on the e2e section.
 # Named target: `snakemake e2e` (what `kb_nano e2e ...` builds with a config override).
 # Job planning helpers (input functions): workflow/rules/common.smk.

@@ -1,4 +1,4 @@
-# Tier 3: the standardized eval sweep (kb_nano.eval_plan): fixed workloads x model x TP x
+# Tier 3: the standardized eval sweep (kb_nano.eval.plan): fixed workloads x model x TP x
 # {baseline, candidates}, measured by the e2e_bench rule (tier "eval"), merged into
 # results/eval.parquet + eval.json and logged to MLflow (kb_nano/eval).
 # Named target: `snakemake eval` (what `kb_nano eval` builds with a config override).

@@ -14,7 +14,7 @@ report: "../report/workflow.rst"
 rule plot_kernels:
     input:
         parquet="results/kernels.parquet",
-        code=str(kbw.PACKAGE_DIR / "plots.py"),
+        code=str(kbw.PACKAGE_DIR / "tracking/plots.py"),
     output:
         speedup=report(
             "results/plots/kernels_speedup.png",

@@ -1,7 +1,7 @@
-"""Snakemake adapter: one model x TP x workload x variant -> vLLM benchmark row (see kb_nano.e2e_job)."""
+"""Snakemake adapter: one model x TP x workload x variant -> vLLM benchmark row (see kb_nano.e2e.job)."""
 
 from kb_nano.candidates import file_sha256
-from kb_nano.e2e_job import run
+from kb_nano.e2e.job import run
 
 job = snakemake.params.job
 run(

@@ -1,9 +1,9 @@
-"""Snakemake adapter: plots of the merged kernel results (see kb_nano.plots)."""
+"""Snakemake adapter: plots of the merged kernel results (see kb_nano.tracking.plots)."""
 
 from pathlib import Path
 
-from kb_nano.plots import bandwidth_plot, speedup_plot
 from kb_nano.tracking import read_parquet_rows
+from kb_nano.tracking.plots import bandwidth_plot, speedup_plot
 
 rows = read_parquet_rows(Path(snakemake.input.parquet))
 speedup_plot(rows, Path(snakemake.output.speedup))

@@ -17,7 +17,8 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
     """The ``e2e`` config section of one ``kb_nano e2e {kind}`` invocation: the configured
     section with the flags applied and one workload built from the flags (defaults: the
     first configured workload of that kind). Raises ``KbNanoError`` (one line)."""
-    from kb_nano import e2e_plan, workloads
+    from kb_nano.e2e import plan as e2e_plan
+    from kb_nano.e2e import workloads
 
     e2e = dict(base.get("e2e") or {})
     if args.model:
@@ -50,8 +51,8 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
 def cmd_e2e(args, passthrough: list[str]) -> int:
     """``kb_nano e2e throughput|latency|serve``: vLLM's own benchmark for the baseline and the
     candidate variant (separate jobs), merged, logged to MLflow, printed with the ratio."""
+    from kb_nano.e2e.vllm_cli import vllm_version
     from kb_nano.tracking import marker_path
-    from kb_nano.vllm_cli import vllm_version
 
     if vllm_version() is None:
         raise KbNanoError("vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
@@ -80,11 +81,11 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
 
 def cmd_eval(args, passthrough: list[str]) -> int:
     """``kb_nano eval``: the standardized Tier-3 sweep (fixed workloads x model x TP x
-    {baseline, candidates}, kb_nano.eval_plan) through Snakemake; prints the per-workload
+    {baseline, candidates}, kb_nano.eval.plan) through Snakemake; prints the per-workload
     candidate/baseline ratios with their spread."""
-    from kb_nano import eval_plan
+    from kb_nano.e2e.vllm_cli import vllm_version
+    from kb_nano.eval import plan as eval_plan
     from kb_nano.tracking import marker_path
-    from kb_nano.vllm_cli import vllm_version
 
     root = find_workflow_root()
     base = base_config(root, args.configfile)

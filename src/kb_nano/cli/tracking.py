@@ -42,8 +42,8 @@ def cmd_history(args, passthrough: list[str]) -> int:
 
 
 def _history(args, passthrough: list[str]) -> int:
-    from kb_nano import history
     from kb_nano.table import make_console
+    from kb_nano.tracking import history
 
     if passthrough:
         raise KbNanoError(f"history takes no arguments after -- (got {' '.join(passthrough)})")

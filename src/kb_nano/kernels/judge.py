@@ -37,7 +37,7 @@ from kb_nano.kernels.checks import same_bits
 from kb_nano.kernels.compare import compare, spec_mismatch, tolerance
 from kb_nano.kernels.inputs import Refresher, apply_edge_case, generator, make_inputs, param_seed
 from kb_nano.kernels.pool import Pool, WorkerHandle
-from kb_nano.kernels.procs import restore_scheduling
+from kb_nano.kernels.procs import process_tampering, wait_idle
 from kb_nano.kernels.shm import SharedTensors
 from kb_nano.operators.base import DTYPES
 
@@ -274,7 +274,7 @@ class Measurement:
         (:func:`kb_nano.kernels.blocks.new_samples`). Raises :class:`Verdict`."""
         num_runs, num_warmup = int(self.settings["num_runs"]), int(self.settings["num_warmup"])
         self.check_scheduling()
-        self.settle()
+        wait_idle(self.cand.cpu_s, SETTLE_S, SETTLE_WINDOW_S)
         refresh = self.refresher(first_draw)
         warm = []
         for done in range(0, max(num_warmup, 2), self.k):
@@ -332,19 +332,25 @@ class Measurement:
         p = s[timer]
         self.check_scheduling()
         self.refresh(n)
-        self._fill_side("base", n)  # the candidate's copy only after the baseline's batch:
-        cpu0 = self.cand.cpu_s()    # nothing to work on while the baseline is timed
         replays = 1
         # replays for GRAPH_BATCH_MS of device time; one if the op writes its inputs (no reference for a 2nd)
         if timer == "graph" and p["block_base"] and not self.op.mutable_inputs:
             replays = int(min(MAX_REPLAYS, max(1, GRAPH_BATCH_MS / max(p["block_base"][-1] * n, 1e-6))))
-        rb, tb = self.batch(self.base, 0, n, mode, replays)
-        idle = self.cand.cpu_s() - cpu0
-        if idle > IDLE_CPU_S + 0.1 * tb / 1e3:
-            raise Verdict("unsynced_work", f"the candidate's processes used {idle * 1e3:.1f} ms of CPU while the "
-                          f"baseline's {tb:.1f} ms batch was timed: work left running outside its own calls")
-        self._fill_side("cand", n)
-        rc, tc = self.batch(self.cand, 0, n, mode, replays)
+        # ABBA: the side that goes first alternates pair by pair, so what the order itself
+        # costs (caches the judge's writes left warm, the other side's tail) falls on both
+        replies = {}
+        for side in ("base", "cand") if len(p["block_base"]) % 2 == 0 else ("cand", "base"):
+            self._fill_side(side, n)  # each side's copy right before its batch: nothing to work on before
+            if side == "cand":
+                replies[side] = self.batch(self.cand, 0, n, mode, replays)
+                continue
+            cpu0 = self.cand.cpu_s()
+            replies[side] = self.batch(self.base, 0, n, mode, replays)
+            idle, tb = self.cand.cpu_s() - cpu0, replies[side][1]
+            if idle > IDLE_CPU_S + 0.1 * tb / 1e3:
+                raise Verdict("unsynced_work", f"the candidate's processes used {idle * 1e3:.1f} ms of CPU while the "
+                              f"baseline's {tb:.1f} ms batch was timed: work left running outside its own calls")
+        (rb, tb), (rc, tc) = replies["base"], replies["cand"]
         for side, reply in (("base", rb), ("cand", rc)):
             if "kernel_error" in reply:  # no outputs kept, no times: the kernel timer is off for this row
                 if side == "cand" and reply.get("foreign_work"):
@@ -367,29 +373,17 @@ class Measurement:
             p["hidden"].append(float(rc.get("hidden_ms") or 0.0))
 
     def check_scheduling(self) -> None:
-        """``tampered`` when the baseline worker's threads no longer have the CPU affinity,
-        scheduling policy and niceness they had (a candidate's process can change those of
-        another process of the same user: Landlock does not cover them); restored first."""
-        if restore_scheduling(self.base.pid):
-            raise Verdict("tampered", "the baseline worker's CPU affinity or scheduling was changed during the "
-                          "measurement (restored): only the candidate's process could have done it")
+        """``tampered`` when :func:`kb_nano.kernels.procs.process_tampering` finds the
+        baseline worker's scheduling or limits changed, or the candidate's priority raised."""
+        found = process_tampering(self.base.pid, self.cand.pid)
+        if found:
+            raise Verdict("tampered", found)
 
     def more(self, s: dict, count: int) -> None:
         """``count`` more blocks (after a failed clock cross-check: jitter passes with more
         samples, hidden work stays)."""
         for _ in range(count):
             self.block(s)
-
-    def settle(self) -> None:
-        """Wait (at most :data:`SETTLE_S`) until the candidate's processes are idle: a
-        compiler's worker pool still starting up (``torch.compile``) is not work left
-        running; what still runs when the timing starts is (see :meth:`timed`)."""
-        end = time.monotonic() + SETTLE_S
-        while time.monotonic() < end:
-            cpu0 = self.cand.cpu_s()
-            time.sleep(SETTLE_WINDOW_S)
-            if self.cand.cpu_s() - cpu0 < 0.05 * SETTLE_WINDOW_S:
-                return
 
     def _refill(self, refresh: Refresher, n: int) -> None:
         refresh(n)

@@ -98,12 +98,13 @@ def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: d
 
 def _end(pool: Pool, base, cand, status: str, error: str | None) -> tuple[str, str | None]:
     """Tear both workers down (the candidate's guard looks once more); discard a worker
-    whose outcome leaves it untrustworthy."""
+    whose outcome leaves it untrustworthy (the baseline's after ``tampered``)."""
     for worker in (cand, base):
         if worker is None or not worker.proc.is_alive():
             pool.discard(worker)
             continue
-        keep = status in KEEP_WORKER or worker is base
+        # after `tampered` the baseline worker may carry what the candidate changed in it: not kept
+        keep = status in KEEP_WORKER or (worker is base and status != "tampered")
         if keep:
             try:
                 reply = worker.request({"cmd": "teardown"}, time.monotonic() + 30)

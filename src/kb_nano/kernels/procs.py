@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -47,6 +48,78 @@ def restore_scheduling(pid: int) -> list[int]:
                 os.sched_setscheduler(t, want[1], os.sched_param(0))
                 os.setpriority(os.PRIO_PROCESS, t, want[2])
     return changed
+
+
+def restore_limits(pid: int) -> list[str]:
+    """The resource limits (``RLIMIT_*``) of process ``pid`` that differ from this
+    process's (a worker inherits the judge's through its fork server; only a candidate's
+    own worker is capped, by ``memory_limit_gb``), each set back where the kernel allows.
+    Another process of the same user can lower them (``prlimit``: Landlock does not cover
+    it), e.g. the address space, so the baseline's heap cannot be faulted in ahead
+    (:mod:`kb_nano.kernels.heap`). Returns the names of those that differed."""
+    import resource
+
+    changed = []
+    for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
+        which = getattr(resource, name)
+        with contextlib.suppress(OSError, ValueError):
+            want = resource.getrlimit(which)
+            if resource.prlimit(pid, which) != want:
+                changed.append(name)
+                with contextlib.suppress(OSError, ValueError):
+                    resource.prlimit(pid, which, want)
+    return changed
+
+
+def elevated_threads(pid: int) -> list[int]:
+    """Threads of ``pid`` and of the processes it started that run under a real-time
+    policy (``SCHED_FIFO``, ``SCHED_RR``) or with a lower niceness than this process:
+    a candidate raising its own priority is timed shielded from load the baseline is not."""
+    import psutil
+
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    realtime = {getattr(os, n) for n in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, n)}
+    found = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        parent = psutil.Process(pid)
+        for proc in [parent, *parent.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess, OSError):
+                for t in proc.threads():
+                    with contextlib.suppress(OSError):
+                        if os.sched_getscheduler(t.id) in realtime or os.getpriority(os.PRIO_PROCESS, t.id) < nice:
+                            found.append(t.id)
+    return found
+
+
+def process_tampering(base_pid: int, cand_pid: int) -> str | None:
+    """Why the row is ``tampered``, or None: the baseline worker's threads no longer have
+    the CPU affinity, scheduling policy and niceness of this process (the judge), or its
+    resource limits changed (a candidate's process can change those of another process of
+    the same user: Landlock does not cover them; both restored first), or the candidate's
+    threads run at a real-time policy or a lower niceness than the judge."""
+    if restore_scheduling(base_pid):
+        return ("the baseline worker's CPU affinity or scheduling was changed during the measurement (restored): "
+                "only the candidate's process could have done it")
+    limits = restore_limits(base_pid)
+    if limits:
+        return (f"the baseline worker's resource limits ({', '.join(limits)}) were changed during the measurement: "
+                "only the candidate's process could have done it")
+    if elevated_threads(cand_pid):
+        return ("the candidate's process raised its own scheduling priority (a real-time policy or a lower "
+                "niceness): it would be timed shielded from load the baseline is not")
+    return None
+
+
+def wait_idle(cpu_s, limit_s: float, window_s: float) -> None:
+    """Wait (at most ``limit_s``) until ``cpu_s()`` (a process tree's CPU seconds) grows by
+    less than 5% of a CPU over ``window_s``: a compiler's worker pool still starting up
+    (``torch.compile``) is not work left running; what still runs when the timing starts is."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        cpu0 = cpu_s()
+        time.sleep(window_s)
+        if cpu_s() - cpu0 < 0.05 * window_s:
+            return
 
 
 def kill_tree(pid: int) -> None:

@@ -20,13 +20,13 @@ applied to what it ran.
 from __future__ import annotations
 
 import collections
-import contextlib
 import gc
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the CUDA IPC reductions used by shm)
 
 from kb_nano.kernels import checks, heap, timing
+from kb_nano.kernels.build import skip_init, unset_storage
 from kb_nano.kernels.inputs import randomize_constant_parameters
 
 WAIT_AFTER_RETURN_S = 0.02  # CPU: how long the output-stability and thread checks watch after a call
@@ -112,7 +112,10 @@ class Side:
             return {"violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {explain(exc)}"]}
         try:
             # moved and cast first: its (unset) parameters take the loaded values in place,
-            # device to device (the same values as loading first, the cast being exact)
+            # device to device (the same values as loading first, the cast being exact);
+            # what the state_dict loads gets fresh storage instead of a cast of its unset
+            # values (a 128256 x 4096 fp32 embedding: 3-4 s of page faults on the CPU)
+            unset_storage(module, self.device, dtype)
             module = module.to(device=self.device, dtype=dtype)
             module.load_state_dict(dict(zip(msg["names"], self.params)), strict=True)
         except Exception as exc:
@@ -305,57 +308,6 @@ class Side:
             return "output_aliased", ("an output of a timed call shares memory with the output of an earlier call: "
                                       "a reused buffer is overwritten by the next call")
         return None
-
-
-class _Deferred:
-    """The ``torch.nn.init`` calls :func:`skip_init` skipped: ``(function, tensor, args,
-    kwargs)``."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def replay(self, module: torch.nn.Module) -> None:
-        """Run the skipped calls whose tensor shares no storage with ``module``'s
-        ``state_dict`` (a non-persistent buffer, a plain tensor attribute): what
-        ``load_state_dict`` overwrites is not drawn, everything else is as built."""
-        loaded = {t.untyped_storage().data_ptr() for t in module.state_dict().values() if t.numel()}
-        for fn, tensor, args, kwargs in self.calls:
-            if not tensor.numel() or tensor.untyped_storage().data_ptr() not in loaded:
-                with torch.no_grad():
-                    fn(tensor, *args, **kwargs)
-        self.calls = []
-
-
-@contextlib.contextmanager
-def skip_init():
-    """``torch.nn.init``'s in-place initializers (``normal_``, ``kaiming_uniform_``, ...)
-    are deferred inside: a module whose parameters are loaded afterwards is built without
-    drawing them (``normal_`` over a 128256 x 4096 embedding: 2.0 s on one core of the 2-core
-    AMD EPYC, ``torch.empty(128256 * 4096).normal_()``). Yields a :class:`_Deferred`
-    whose ``replay(module)`` then runs the calls on tensors outside the module's
-    state_dict. transformers' ``no_init_weights`` skips them the same way (without the
-    replay, and with a ``PreTrainedModel`` part that would import transformers' modeling
-    code into every worker)."""
-    from torch.nn import init
-
-    names = [n for n, f in vars(init).items() if n.endswith("_") and not n.startswith("_") and callable(f)]
-    saved = {n: getattr(init, n) for n in names}
-    deferred = _Deferred()
-
-    def later(fn):
-        def skipped(tensor, *args, **kwargs):
-            if isinstance(tensor, torch.Tensor):
-                deferred.calls.append((fn, tensor, args, kwargs))
-            return tensor
-        return skipped
-
-    try:
-        for n in names:
-            setattr(init, n, later(saved[n]))
-        yield deferred
-    finally:
-        for n, f in saved.items():
-            setattr(init, n, f)
 
 
 def explain(exc: BaseException) -> str:

@@ -173,7 +173,7 @@ class _Wrapper(nn.Module):
         assert not list(inner.named_parameters(recurse=False)) and not list(inner.named_buffers(recurse=False))
 
     def __setattr__(self, name, value):
-        # Keep the two views in step: a child replaced on the wrapper (kb_nano.swap) is
+        # Keep the two views in step: a child replaced on the wrapper (kb_nano.e2e.swap) is
         # replaced in the transformers module that forward calls.
         super().__setattr__(name, value)
         inner = self.__dict__.get("_inner")

@@ -17,7 +17,7 @@ Conventions shared by both:
 - **State dict:** the transformers keys (``self_attn.q_proj.weight``, ...;
   ``model.layers.0...``, ``lm_head.weight`` for the model): the wrapper registers the
   transformers module's children as its own, so a candidate must reproduce exactly these
-  keys (``load_state_dict(strict=True)``), and the swapper (:mod:`kb_nano.swap`) can move
+  keys (``load_state_dict(strict=True)``), and the swapper (:mod:`kb_nano.e2e.swap`) can move
   weights between a transformers module and a candidate directly.
 - **Rotary frequencies stay float32** under ``.to(dtype)``: transformers computes
   ``inv_freq`` in float32 and ``from_pretrained(dtype=bfloat16)`` keeps it so; a plain
@@ -98,7 +98,7 @@ class DecoderLayer(_Wrapper):
     State dict: the transformers layer's keys (``input_layernorm.weight``,
     ``self_attn.{q,k,v,o}_proj.weight``, ``mlp.{gate,up,down}_proj.weight``, ...).
     Attributes: ``hf_config`` (the per-rank transformers config), ``init_args`` (the
-    constructor arguments, used by :mod:`kb_nano.swap`).
+    constructor arguments, used by :mod:`kb_nano.e2e.swap`).
 
     Class attributes for subclasses (candidates): ``attn_implementation`` (transformers
     attention backend, default ``eager``); ``init_weights = False`` skips the random init

@@ -22,7 +22,7 @@ to the workload names, so smoke rows never mix with real ones; the rows' workloa
 parameters record the settings used.
 
 Every (model, TP, workload) is a baseline job and a candidate job (two Snakemake jobs, two
-processes, :mod:`kb_nano.e2e_job`). A TP that exceeds the device pool (``--gpu-pool``; 1 on
+processes, :mod:`kb_nano.e2e.job`). A TP that exceeds the device pool (``--gpu-pool``; 1 on
 a CPU, where vLLM runs one engine) or that does not divide the model's attention heads is
 not run: it becomes a ``skipped`` row with the reason. Torch-free (Snakefile parse time).
 """
@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from kb_nano.e2e.workloads import Workload
 from kb_nano.errors import KbNanoError
-from kb_nano.workloads import Workload
 
 EVAL_WORKLOADS = (
     Workload(name="prefill-heavy", kind="throughput", random_input_len=1024, random_output_len=512, num_prompts=1000),
@@ -110,7 +110,7 @@ def model_heads(config_path: Path) -> tuple[int, int]:
 
 def device(config: dict) -> str:
     """``cpu`` or ``cuda``: ``eval.device`` (auto = cuda when an NVIDIA GPU is visible)."""
-    from kb_nano.e2e_plan import e2e_device
+    from kb_nano.e2e.plan import e2e_device
 
     return e2e_device({"e2e": {"device": config["eval"].get("device", "auto")}})
 
@@ -120,7 +120,7 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
     run on ``dev``, one per target the models use), narrowed to ``eval.categories``.
     Raises ``KbNanoError`` when nothing is left or a category is unknown."""
     from kb_nano import operators
-    from kb_nano.e2e_plan import candidate_set
+    from kb_nano.e2e.plan import candidate_set
 
     ev = config["eval"]
     cands = candidate_set(root, ev.get("candidates") or [], dev, model_specs)
@@ -140,7 +140,7 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
 def default_models(root: Path, config: dict, dev: str) -> list[str]:
     """``eval.models``, else (smoke) the embedded tiny Llama, else the configured Tier-1
     ``models`` that at least one candidate of the run applies to."""
-    from kb_nano.e2e_plan import candidate_set, used_targets
+    from kb_nano.e2e.plan import candidate_set, used_targets
 
     ev = config["eval"]
     if ev.get("models"):
@@ -159,7 +159,7 @@ def plan(root: Path, config: dict) -> dict:
     ``workloads`` (name -> Workload), ``variants`` (``baseline`` + the candidate set),
     ``tps`` (model key -> the TPs that run) and ``skipped`` (``[model key, tp, reason]``).
     Raises ``KbNanoError`` for bad settings."""
-    from kb_nano.e2e_plan import BASELINE, model, variant_name
+    from kb_nano.e2e.plan import BASELINE, model, variant_name
 
     ev = config["eval"]
     dev = device(config)
@@ -190,8 +190,3 @@ def plan(root: Path, config: dict) -> dict:
         "skipped": skipped,
         "max_model_len": max_model_len(works),
     }
-
-
-def shard_path(model_key: str, tp: int, workload: str, variant: str) -> str:
-    """Output shard of one eval job (docs/architecture.md, "Data flow": ``results/eval/...``)."""
-    return f"results/eval/{model_key}/tp{tp}/{workload}/{variant}.parquet"

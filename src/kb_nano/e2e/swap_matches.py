@@ -1,7 +1,7 @@
-"""What the kernel swapper (:mod:`kb_nano.swap`) matches and how it builds a candidate there:
+"""What the kernel swapper (:mod:`kb_nano.e2e.swap`) matches and how it builds a candidate there:
 the table from module classes (transformers' and kb-nano's) to targets, the rules that
 derive a candidate's constructor arguments and state-dict keys from the module it replaces,
-and the adapters for modules called with another convention (see :mod:`kb_nano.swap`)."""
+and the adapters for modules called with another convention (see :mod:`kb_nano.e2e.swap`)."""
 
 from __future__ import annotations
 
@@ -142,9 +142,9 @@ def _hf_decoder_layer_adapter(module: nn.Module) -> None:
                 position_embeddings=None, past_key_values=None, **kwargs):
         batch, seq_len = hidden_states.shape[:2]
         if cache is not None or past_key_values is not None:
-            raise NotImplementedError(f"{type(module).__name__} (swapped in by kb_nano.swap) does not support a KV cache")
+            raise NotImplementedError(f"{type(module).__name__} (swapped in by kb_nano.e2e.swap) does not support a KV cache")
         if not _is_plain_causal(attention_mask, seq_len):
-            raise NotImplementedError(f"{type(module).__name__} (swapped in by kb_nano.swap) supports only a causal mask without padding")
+            raise NotImplementedError(f"{type(module).__name__} (swapped in by kb_nano.e2e.swap) supports only a causal mask without padding")
         if position_ids is None:
             position_ids = torch.arange(seq_len, device=hidden_states.device)[None]
         position_ids = position_ids.expand(batch, seq_len)

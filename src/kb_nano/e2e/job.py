@@ -1,7 +1,7 @@
 """One Tier-2 job: model × TP × workload × variant -> vLLM's own benchmark -> one row.
 
 The job runs ``vllm bench throughput|latency`` (vLLM's CLI through
-:mod:`kb_nano.vllm_cli`) in a child process with ``--output-json``, or for ``serve``
+:mod:`kb_nano.e2e.vllm_cli`) in a child process with ``--output-json``, or for ``serve``
 starts ``vllm serve`` on 127.0.0.1 (a free port), waits for ``/health`` and drives it
 with ``vllm bench serve --save-result``; in every case with the kb-nano vLLM
 plugin enabled (``VLLM_PLUGINS=kb_nano``) and the variant's candidate files named in
@@ -36,13 +36,13 @@ from kb_nano import gpus
 from kb_nano.files import atomic_write_text
 from kb_nano.provenance import git_sha, package_version
 from kb_nano.schema import PERCENTILES, SERVE_METRICS, e2e_table, make_e2e_row, write_table
-from kb_nano.workloads import Workload, bench_args
+from kb_nano.e2e.workloads import Workload, bench_args
 
 _OUTPUT_TOKENS_RE = re.compile(r"Total num output tokens:\s+(\d+)")
 _ERROR_LINE_RE = re.compile(r"(Error|Exception|error:)")
 
 
-VLLM = [sys.executable, "-m", "kb_nano.vllm_cli"]
+VLLM = [sys.executable, "-m", "kb_nano.e2e.vllm_cli"]
 
 
 def engine_args(model: dict, tp: int, engine: dict) -> list[str]:
@@ -121,7 +121,7 @@ def job_env(candidates: list[dict], calls_dir: str, device: str) -> dict:
     on CPU ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache) unless already set, and without
     :data:`SNAKEMAKE_THREAD_VARS` (steer vLLM's CPU threads with its own
     ``VLLM_CPU_OMP_THREADS_BIND`` / ``VLLM_CPU_NUM_OF_RESERVED_CPU``)."""
-    from kb_nano.vllm_plugin import ENV_CALLS_DIR, ENV_CANDIDATES, PLUGIN_NAME
+    from kb_nano.e2e.vllm_plugin import ENV_CALLS_DIR, ENV_CANDIDATES, PLUGIN_NAME
 
     env = {k: v for k, v in os.environ.items() if k not in SNAKEMAKE_THREAD_VARS}
     env["VLLM_PLUGINS"] = PLUGIN_NAME
@@ -224,7 +224,7 @@ def run(
     ``candidates``: ``[{"id", "path" (absolute), "sha256"}]`` ([] for the baseline).
     ``engine``: ``dtype``, ``max_model_len``, ``enforce_eager``, ``seed``, ``device``
     (cpu|cuda), ``timeout_s`` (seconds for the whole benchmark process)."""
-    from kb_nano.workloads import from_dict
+    from kb_nano.e2e.workloads import from_dict
 
     w = from_dict(workload)
     out, log_path = Path(output), Path(log)
@@ -357,7 +357,7 @@ def _run_bench(model, tp, w: Workload, engine: dict, env: dict, bench_json: Path
 
 
 def _vllm_version() -> str | None:
-    from kb_nano.vllm_cli import vllm_version
+    from kb_nano.e2e.vllm_cli import vllm_version
 
     return vllm_version()
 

@@ -5,7 +5,7 @@
 
 1. Candidates are sorted by level (L1 single ops, then L2 blocks, L3 decoder layers, L4 the
    model). At most one candidate per target.
-2. Matching is by exact module class through :data:`kb_nano.swap_matches.MATCHES`, a table from module classes
+2. Matching is by exact module class through :data:`kb_nano.e2e.swap_matches.MATCHES`, a table from module classes
    (transformers' ``LlamaRMSNorm``, ``LlamaDecoderLayer``, ...; kb-nano's baselines
    ``RMSNorm``, ``DecoderLayer``, ...) to kb-nano targets. The table is data: entries whose
    target is not registered in :data:`kb_nano.operators.CATALOG`, or whose class cannot be
@@ -44,7 +44,7 @@ from torch import nn
 
 from kb_nano import operators
 from kb_nano.candidates import CandidateRef, load_class
-from kb_nano.swap_matches import Match, SwapError, active_matches
+from kb_nano.e2e.swap_matches import Match, SwapError, active_matches
 
 
 class SubsumptionWarning(UserWarning):

