@@ -111,7 +111,7 @@ def print_kernels(rows: list[dict], summary: dict, console: Console | None = Non
     review = summary.get("review")
     console.print(
         f"{summary['rows']} rows: {by_status}; pass rate {_num(rate * 100 if rate is not None else None, '.0f')}%"
-        f"; geomean speedup over passed {_num(gm, '.3f')}x"
+        + (f"; geomean speedup over passed {_num(gm, '.3f')}x" if _num(gm, ".3f") != "-" else "; no row passed")
         + (f"; {sig} of the passed significantly different from the baseline (95% CI excludes 1.0)" if sig is not None else "")
         + (f"; {review} flagged for REVIEW" if review else "")
     )

@@ -46,8 +46,8 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         cmd += ["--dry-run"]
     elif "results/kernels.parquet" in targets and not {"--profile", "--executor", "-e"} & set(passthrough):
         env["KB_NANO_PRESTART_JUDGE"] = "1"  # local kernel jobs: start the judge while Snakemake parses
-    if not args.verbose and "--quiet" not in passthrough:
-        cmd += ["--quiet", "rules"]
+    if not args.verbose and not args.dry_run and "--quiet" not in passthrough:
+        cmd += ["--quiet", "rules"]  # (a dry run lists every job, as `snakemake -n` does)
     # Under the workflow directory, not /tmp: cluster jobs (`-- --profile profiles/slurm`)
     # re-read every --configfile on their node, which shares the workflow directory only.
     (root / ".snakemake").mkdir(exist_ok=True)
