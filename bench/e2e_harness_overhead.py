@@ -27,15 +27,50 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "config/models/kb-nano/tiny-llama"
-# The flags a kb-nano job passes for config/config.yaml's e2e defaults (kb_nano.e2e.job.bench_command).
-ENGINE = ["--model", MODEL, "--tokenizer", MODEL, "--load-format", "dummy", "--tensor-parallel-size", "1",
-          "--seed", "0", "--dtype", "auto", "--max-model-len", "512", "--enforce-eager"]
+# The flags a kb-nano job passes for config/config.yaml's e2e defaults (kb_nano.e2e.commands.bench_command).
+ENGINE = [
+    "--model",
+    MODEL,
+    "--tokenizer",
+    MODEL,
+    "--load-format",
+    "dummy",
+    "--tensor-parallel-size",
+    "1",
+    "--seed",
+    "0",
+    "--dtype",
+    "auto",
+    "--max-model-len",
+    "512",
+    "--enforce-eager",
+]
 # Workload flags; `kb_nano e2e {kind}` takes the same flags.
 WORKLOAD = {
-    "latency": ["--input-len", "32", "--output-len", "16", "--batch-size", "4", "--num-iters-warmup", "1",
-                "--num-iters", "3"],
-    "throughput": ["--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "16",
-                   "--random-range-ratio", "0.0", "--num-prompts", "16"],
+    "latency": [
+        "--input-len",
+        "32",
+        "--output-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--num-iters-warmup",
+        "1",
+        "--num-iters",
+        "3",
+    ],
+    "throughput": [
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "16",
+        "--random-range-ratio",
+        "0.0",
+        "--num-prompts",
+        "16",
+    ],
 }
 
 
@@ -45,15 +80,37 @@ def metric(kind: str, doc: dict) -> float:
 
 
 def direct(kind: str, out: Path) -> float:
-    cmd = [sys.executable, "-m", "kb_nano.e2e.vllm_cli", "bench", kind, *ENGINE, *WORKLOAD[kind], "--output-json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kb_nano.e2e.vllm_cli",
+        "bench",
+        kind,
+        *ENGINE,
+        *WORKLOAD[kind],
+        "--output-json",
+        str(out),
+    ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return metric(kind, json.loads(out.read_text()))
 
 
 def harness(kind: str) -> float:
-    cmd = [sys.executable, "-m", "kb_nano.cli", "e2e", kind, "--baseline", *WORKLOAD[kind],
-           "--output-json", "results/e2e_overhead.json", "--", "--forcerun", "e2e_bench"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kb_nano.cli",
+        "e2e",
+        kind,
+        "--baseline",
+        *WORKLOAD[kind],
+        "--output-json",
+        "results/e2e_overhead.json",
+        "--",
+        "--forcerun",
+        "e2e_bench",
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (row,) = json.loads((ROOT / "results/e2e_overhead.json").read_text())["rows"]
     assert row["status"] == "ok", row["error"]
@@ -75,8 +132,7 @@ def main() -> None:
             print(f"pair {i + 1}: vllm bench {vllm[-1]:.2f}, kb_nano baseline {kb[-1]:.2f} {unit}", flush=True)
     mv, mk = statistics.median(vllm), statistics.median(kb)
     ratio = mk / mv if args.kind == "latency" else mv / mk
-    print(f"median vllm bench {mv:.2f}, kb_nano {mk:.2f} {unit}; harness/vllm ratio {ratio:.3f} "
-          f"(> 1 = harness slower)")
+    print(f"median vllm bench {mv:.2f}, kb_nano {mk:.2f} {unit}; harness/vllm ratio {ratio:.3f} (> 1 = harness slower)")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -72,10 +72,25 @@ def rows_of(a) -> list[tuple[dict, str]]:
 
 def settings() -> dict:
     """A kernel job's settings (config/config.yaml defaults)."""
-    return {"device": "cuda", "atol": None, "rtol": None, "num_warmup": 10, "num_runs": 100, "num_trials": 3,
-            "num_threads": 1, "timeout_s": 600, "seed": None, "golden": None, "cuda_graph": True,
-            "speedup_basis": "auto", "ci_target": 0.01, "max_timing_s": 1.0, "float32_matmul_precision": "highest",
-            "memory_limit_gb": None, "roofline": None}
+    return {
+        "device": "cuda",
+        "atol": None,
+        "rtol": None,
+        "num_warmup": 10,
+        "num_runs": 100,
+        "num_trials": 3,
+        "num_threads": 1,
+        "timeout_s": 600,
+        "seed": None,
+        "golden": None,
+        "cuda_graph": True,
+        "speedup_basis": "auto",
+        "ci_target": 0.01,
+        "max_timing_s": 1.0,
+        "float32_matmul_precision": "highest",
+        "memory_limit_gb": None,
+        "roofline": None,
+    }
 
 
 def modules(scenario: dict, candidate: str, device: torch.device) -> dict:
@@ -106,8 +121,8 @@ def input_sets(scenario: dict, device: torch.device, k: int) -> list[list]:
 
 
 def slots(scenario: dict, eager_ms: float, device: torch.device) -> int:
-    """How many input slots the judge gives this scenario (:func:`kb_nano.kernels.judge.batch_calls`)."""
-    from kb_nano.kernels.judge import batch_calls
+    """How many input slots the judge gives this scenario (:func:`kb_nano.kernels.blocks.batch_calls`)."""
+    from kb_nano.kernels.blocks import batch_calls
     from kb_nano.operators.base import spec_bytes
 
     return batch_calls(eager_ms, 3 * sum(spec_bytes(s) for s in scenario["inputs"]), device, 100)
@@ -153,8 +168,12 @@ def flush_compare_us(module, inputs: list, device: torch.device, calls: int = 30
             for e in prof.profiler.kineto_results.events():
                 if str(e.device_type()) == "DeviceType.CUDA":
                     names.setdefault(e.name(), []).append(e.duration_ns() / 1e3)
-            mine = [v for n, v in names.items() if len(v) == calls and not any(
-                flush_part in n for flush_part in ("reduce_kernel", "spin", "elementwise", "Memset"))]
+            mine = [
+                v
+                for n, v in names.items()
+                if len(v) == calls
+                and not any(flush_part in n for flush_part in ("reduce_kernel", "spin", "elementwise", "Memset"))
+            ]
             out[mode] = statistics.median(mine[0]) if len(mine) == 1 else None
     return out
 
@@ -194,9 +213,24 @@ def ncu_ms(jobs: list, out_dir: Path) -> list[tuple[float, float]] | str:
         return "ncu not found"
     spec = out_dir / "ncu_jobs.json"
     spec.write_text(json.dumps(jobs))
-    cmd = [ncu, "--profile-from-start", "off", "--cache-control", "none", "--clock-control", "none",
-           "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw",
-           sys.executable, str(Path(__file__).resolve()), "--ncu-child", str(spec)]
+    cmd = [
+        ncu,
+        "--profile-from-start",
+        "off",
+        "--cache-control",
+        "none",
+        "--clock-control",
+        "none",
+        "--metrics",
+        "gpu__time_duration.sum",
+        "--csv",
+        "--page",
+        "raw",
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--ncu-child",
+        str(spec),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
     (out_dir / "ncu.log").write_text(proc.stdout[-200000:] + "\n--- stderr ---\n" + proc.stderr[-20000:])
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
@@ -221,7 +255,7 @@ def ncu_ms(jobs: list, out_dir: Path) -> list[tuple[float, float]] | str:
             cur["ms"] += v * scale
     if len(calls) != 2 * NCU_CALLS * len(jobs):
         return f"ncu gave {len(calls)} calls, expected {2 * NCU_CALLS * len(jobs)}; see {out_dir / 'ncu.log'}"
-    med = [statistics.median(c["ms"] for c in calls[i:i + NCU_CALLS]) for i in range(0, len(calls), NCU_CALLS)]
+    med = [statistics.median(c["ms"] for c in calls[i : i + NCU_CALLS]) for i in range(0, len(calls), NCU_CALLS)]
     return [(med[2 * j], med[2 * j + 1]) for j in range(len(jobs))]
 
 
@@ -231,8 +265,12 @@ def kernel_ok(kb: float, ref: float) -> bool:
 
 def report(rows: list[dict], ncu_note: str | None, head: str) -> tuple[str, int]:
     out, bad = [head, ""], 0
-    out += ["## Kernel time (CUPTI) vs ncu", "", "| row | side | kb-nano kernel ms | ncu ms | diff | agrees |",
-            "| --- | --- | ---: | ---: | ---: | :---: |"]
+    out += [
+        "## Kernel time (CUPTI) vs ncu",
+        "",
+        "| row | side | kb-nano kernel ms | ncu ms | diff | agrees |",
+        "| --- | --- | ---: | ---: | ---: | :---: |",
+    ]
     if ncu_note:
         out.append(f"| ncu not run: {ncu_note} | | | | | |")
     for r in rows:
@@ -242,10 +280,17 @@ def report(rows: list[dict], ncu_note: str | None, head: str) -> tuple[str, int]
                 continue
             ok = kernel_ok(kb, ref)
             bad += not ok
-            out.append(f"| {r['row']} | {side} | {kb:.4f} | {ref:.4f} | {100 * (kb / ref - 1):+.1f}% | "
-                       f"{'yes' if ok else '**no**'} |")
-    out += ["", "## Graph time vs do_bench_cudagraph", "", "| row | side | kb-nano graph ms | do_bench_cudagraph ms | "
-            "diff | agrees |", "| --- | --- | ---: | ---: | ---: | :---: |"]
+            out.append(
+                f"| {r['row']} | {side} | {kb:.4f} | {ref:.4f} | {100 * (kb / ref - 1):+.1f}% | "
+                f"{'yes' if ok else '**no**'} |"
+            )
+    out += [
+        "",
+        "## Graph time vs do_bench_cudagraph",
+        "",
+        "| row | side | kb-nano graph ms | do_bench_cudagraph ms | diff | agrees |",
+        "| --- | --- | ---: | ---: | ---: | :---: |",
+    ]
     for r in rows:
         for side in ("baseline", "candidate"):
             kb, ref = r[f"{side}_graph_ms"], r.get(f"dbcg_{side}_ms")
@@ -253,10 +298,17 @@ def report(rows: list[dict], ncu_note: str | None, head: str) -> tuple[str, int]
                 continue
             ok = abs(kb / ref - 1) <= GRAPH_REL
             bad += not ok
-            out.append(f"| {r['row']} | {side} | {kb:.4f} | {ref:.4f} | {100 * (kb / ref - 1):+.1f}% | "
-                       f"{'yes' if ok else '**no**'} |")
-    out += ["", "## Reproducibility: two back-to-back sweeps", "", "| row | basis | speedup, sweep 1 [95% interval] | "
-            "speedup, sweep 2 | diff | in interval 1 |", "| --- | --- | ---: | ---: | ---: | :---: |"]
+            out.append(
+                f"| {r['row']} | {side} | {kb:.4f} | {ref:.4f} | {100 * (kb / ref - 1):+.1f}% | "
+                f"{'yes' if ok else '**no**'} |"
+            )
+    out += [
+        "",
+        "## Reproducibility: two back-to-back sweeps",
+        "",
+        "| row | basis | speedup, sweep 1 [95% interval] | speedup, sweep 2 | diff | in interval 1 |",
+        "| --- | --- | ---: | ---: | ---: | :---: |",
+    ]
     diffs, inside = [], 0
     for r in rows:
         if r.get("speedup_2") is None:
@@ -265,15 +317,25 @@ def report(rows: list[dict], ncu_note: str | None, head: str) -> tuple[str, int]
         ok = r["speedup_ci_low"] <= r["speedup_2"] <= r["speedup_ci_high"]
         diffs.append(abs(d))
         inside += ok
-        out.append(f"| {r['row']} | {r['speedup_basis']} | {r['speedup']:.3f} [{r['speedup_ci_low']:.3f}, "
-                   f"{r['speedup_ci_high']:.3f}] | {r['speedup_2']:.3f} | {100 * d:+.1f}% | {'yes' if ok else 'no'} |")
+        out.append(
+            f"| {r['row']} | {r['speedup_basis']} | {r['speedup']:.3f} [{r['speedup_ci_low']:.3f}, "
+            f"{r['speedup_ci_high']:.3f}] | {r['speedup_2']:.3f} | {100 * d:+.1f}% | {'yes' if ok else 'no'} |"
+        )
     if diffs:
-        out += ["", f"Speedup difference between the sweeps: max {100 * max(diffs):.1f}%, median "
-                f"{100 * statistics.median(diffs):.1f}%; sweep 2 inside sweep 1's interval for {inside} of {len(diffs)} rows."]
+        out += [
+            "",
+            f"Speedup difference between the sweeps: max {100 * max(diffs):.1f}%, median "
+            f"{100 * statistics.median(diffs):.1f}%; sweep 2 inside sweep 1's interval for {inside} of {len(diffs)} rows.",
+        ]
     flush = [r for r in rows if r.get("flush_us")]
     if flush:
-        out += ["", "## Flush: CUPTI kernel time after zeroing vs reading the flush buffer", "",
-                "| row | after zeroing, us | after reading, us | ncu, us |", "| --- | ---: | ---: | ---: |"]
+        out += [
+            "",
+            "## Flush: CUPTI kernel time after zeroing vs reading the flush buffer",
+            "",
+            "| row | after zeroing, us | after reading, us | ncu, us |",
+            "| --- | ---: | ---: | ---: |",
+        ]
         for r in flush:
             f, n = r["flush_us"], r.get("ncu_candidate_ms")
             zero = f"{f['zero']:.1f}" if f.get("zero") else "-"
@@ -345,10 +407,13 @@ def main() -> int:
         else:
             for r, (b, c) in zip(rows, got):
                 r["ncu_baseline_ms"], r["ncu_candidate_ms"] = b, c
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    head = (f"Measured {datetime.now(timezone.utc).isoformat(timespec='minutes')} on {smi}, torch {torch.__version__}; "
-            f"command: python bench/fidelity.py {' '.join(sys.argv[1:])}; {len(rows)} rows.")
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True
+    ).stdout.strip()
+    head = (
+        f"Measured {datetime.now(UTC).isoformat(timespec='minutes')} on {smi}, torch {torch.__version__}; "
+        f"command: python bench/fidelity.py {' '.join(sys.argv[1:])}; {len(rows)} rows."
+    )
     text, bad = report(rows, note, head)
     (out_dir / "rows.json").write_text(json.dumps(rows, indent=1, default=str))
     (out_dir / "report.md").write_text(text + "\n")

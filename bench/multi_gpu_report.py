@@ -41,8 +41,16 @@ from pathlib import Path
 import pandas as pd
 
 RUN_COLUMNS = [
-    "gpus", "exit_code", "wall_s", "start_epoch", "end_epoch", "start_local", "end_local",
-    "planned_jobs", "parquet", "complete",
+    "gpus",
+    "exit_code",
+    "wall_s",
+    "start_epoch",
+    "end_epoch",
+    "start_local",
+    "end_local",
+    "planned_jobs",
+    "parquet",
+    "complete",
 ]
 SMI_TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 
@@ -69,7 +77,9 @@ def read_runs(path: Path) -> pd.DataFrame:
     runs["start_utc"] = pd.to_datetime(runs["start_epoch"], unit="s", utc=True)
     runs["end_utc"] = pd.to_datetime(runs["end_epoch"], unit="s", utc=True)
     # local = UTC + offset; both strings come from the same `date` call as the epochs
-    runs["utc_offset"] = pd.to_datetime(runs["start_local"], format=SMI_TIME_FORMAT) - runs["start_utc"].dt.tz_localize(None)
+    runs["utc_offset"] = pd.to_datetime(runs["start_local"], format=SMI_TIME_FORMAT) - runs["start_utc"].dt.tz_localize(
+        None
+    )
     return runs
 
 
@@ -80,7 +90,9 @@ def read_rows(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise InputError(f"{path}: no such file; the sweep wrote no merged rows (see its Snakemake log)")
     rows = pd.read_parquet(path)
-    missing = [c for c in ("gpu_ids", "started_at", "ended_at", "candidate", "scenario_id", "status") if c not in rows.columns]
+    missing = [
+        c for c in ("gpu_ids", "started_at", "ended_at", "candidate", "scenario_id", "status") if c not in rows.columns
+    ]
     if missing:
         raise InputError(
             f"{path}: no column(s) {', '.join(missing)} (kernel rows of schema_version >= 3 have them); "
@@ -96,18 +108,22 @@ def read_smi(path: Path) -> pd.DataFrame:
     ``util`` (%), ``mem_mib``; lines it cannot parse (a line cut off when the sampler was
     stopped, ``[N/A]`` values) are dropped. Raises ``InputError`` for a missing file."""
     if not path.is_file():
-        raise InputError(f"{path}: no such file; pass the CSV of nvidia-smi --query-gpu=... -lms 200, or leave out --smi")
+        raise InputError(
+            f"{path}: no such file; pass the CSV of nvidia-smi --query-gpu=... -lms 200, or leave out --smi"
+        )
     raw = pd.read_csv(path, skipinitialspace=True, dtype=str, on_bad_lines="skip")
     if raw.shape[1] < 4:
         raise InputError(f"{path}: expected the columns timestamp, index, utilization.gpu, memory.used")
     raw = raw.iloc[:, :4]
     raw.columns = ["timestamp", "index", "util", "mem"]
-    smi = pd.DataFrame({
-        "time": pd.to_datetime(raw["timestamp"].str.strip(), format=SMI_TIME_FORMAT, errors="coerce"),
-        "gpu": raw["index"].str.strip(),
-        "util": pd.to_numeric(raw["util"].str.replace("%", "").str.strip(), errors="coerce"),
-        "mem_mib": pd.to_numeric(raw["mem"].str.replace("MiB", "").str.strip(), errors="coerce"),
-    })
+    smi = pd.DataFrame(
+        {
+            "time": pd.to_datetime(raw["timestamp"].str.strip(), format=SMI_TIME_FORMAT, errors="coerce"),
+            "gpu": raw["index"].str.strip(),
+            "util": pd.to_numeric(raw["util"].str.replace("%", "").str.strip(), errors="coerce"),
+            "mem_mib": pd.to_numeric(raw["mem"].str.replace("MiB", "").str.strip(), errors="coerce"),
+        }
+    )
     return smi.dropna(subset=["time", "util"])
 
 
@@ -190,15 +206,19 @@ def smi_table(run, rows: pd.DataFrame, smi: pd.DataFrame) -> pd.DataFrame:
     for gpu, samples in window.groupby("gpu", sort=True):
         held = held_at(intervals, gpu, samples["utc"])
         busy = samples["util"] > 0
-        out.append({
-            "GPU": gpu,
-            "samples": len(samples),
-            "util > 0": f"{busy.mean():.0%}",
-            "util > 0 while leased": f"{busy[held].mean():.0%} of {int(held.sum())}" if held.any() else "no lease",
-            "util > 0 while not leased": f"{busy[~held].mean():.0%} of {int((~held).sum())}" if (~held).any() else "always leased",
-            "mean util %": round(float(samples["util"].mean()), 1),
-            "peak memory MiB": int(samples["mem_mib"].max()),
-        })
+        out.append(
+            {
+                "GPU": gpu,
+                "samples": len(samples),
+                "util > 0": f"{busy.mean():.0%}",
+                "util > 0 while leased": f"{busy[held].mean():.0%} of {int(held.sum())}" if held.any() else "no lease",
+                "util > 0 while not leased": f"{busy[~held].mean():.0%} of {int((~held).sum())}"
+                if (~held).any()
+                else "always leased",
+                "mean util %": round(float(samples["util"].mean()), 1),
+                "peak memory MiB": int(samples["mem_mib"].max()),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -224,23 +244,31 @@ def report(runs: pd.DataFrame, smi: pd.DataFrame | None, machine: str | None) ->
         span = (jobs["ended"].max() - jobs["started"].min()).total_seconds() if len(jobs) else float("nan")
         complete = bool(int(run.complete)) and int(run.exit_code) == 0 and len(rows) >= int(run.planned_jobs)
         sweeps[run.Index] = {"rows": rows, "shares": shares, "span": span, "complete": complete, "found": found}
-        summary.append({
-            "run": f"--resources gpu={run.gpus}",
-            "wall s": round(float(run.wall_s), 1),
-            "jobs phase s": round(span, 1),
-            "sum of job s": round(float((jobs["ended"] - jobs["started"]).dt.total_seconds().sum()), 1),
-            "exit": int(run.exit_code),
-            "jobs planned": int(run.planned_jobs),
-            "rows": len(rows),
-            "complete": "yes" if complete else "NO",
-            "statuses": ", ".join(f"{k} {v}" for k, v in rows["status"].value_counts().items()),
-            "devices used": f"{','.join(used)} ({len(used)})" if used else "none",
-            "max concurrent jobs": most,
-            "double-booked": "NO" if not found else f"YES ({len(found)})",
-        })
-    lines += ["## Sweeps", "",
-              "`jobs phase`: first job's start to last job's end; `sum of job s`: the jobs' "
-              "`ended_at - started_at` added up.", "", _table(pd.DataFrame(summary)), ""]
+        summary.append(
+            {
+                "run": f"--resources gpu={run.gpus}",
+                "wall s": round(float(run.wall_s), 1),
+                "jobs phase s": round(span, 1),
+                "sum of job s": round(float((jobs["ended"] - jobs["started"]).dt.total_seconds().sum()), 1),
+                "exit": int(run.exit_code),
+                "jobs planned": int(run.planned_jobs),
+                "rows": len(rows),
+                "complete": "yes" if complete else "NO",
+                "statuses": ", ".join(f"{k} {v}" for k, v in rows["status"].value_counts().items()),
+                "devices used": f"{','.join(used)} ({len(used)})" if used else "none",
+                "max concurrent jobs": most,
+                "double-booked": "NO" if not found else f"YES ({len(found)})",
+            }
+        )
+    lines += [
+        "## Sweeps",
+        "",
+        "`jobs phase`: first job's start to last job's end; `sum of job s`: the jobs' "
+        "`ended_at - started_at` added up.",
+        "",
+        _table(pd.DataFrame(summary)),
+        "",
+    ]
 
     parallel = runs.loc[runs["gpus"].idxmax()]
     serial = runs.loc[runs["gpus"].idxmin()]
@@ -251,13 +279,17 @@ def report(runs: pd.DataFrame, smi: pd.DataFrame | None, machine: str | None) ->
         lines += [f"The gpu={parallel.gpus} sweep did not complete: no wall-time ratio.", ""]
     else:
         ratio = float(serial.wall_s) / float(parallel.wall_s)
-        text = (f"Wall-time ratio gpu={serial.gpus} / gpu={parallel.gpus}: **{ratio:.2f}** "
-                f"({float(serial.wall_s):.1f} s / {float(parallel.wall_s):.1f} s; {parallel.gpus} would be perfect scaling of the jobs; "
-                "both walls include Snakemake's parse, the fork server's torch import and the merge). "
-                f"Jobs phase only: **{q['span'] / p['span']:.2f}** ({q['span']:.1f} s / {p['span']:.1f} s).")
+        text = (
+            f"Wall-time ratio gpu={serial.gpus} / gpu={parallel.gpus}: **{ratio:.2f}** "
+            f"({float(serial.wall_s):.1f} s / {float(parallel.wall_s):.1f} s; {parallel.gpus} would be perfect scaling of the jobs; "
+            "both walls include Snakemake's parse, the fork server's torch import and the merge). "
+            f"Jobs phase only: **{q['span'] / p['span']:.2f}** ({q['span']:.1f} s / {p['span']:.1f} s)."
+        )
         if not q["complete"]:
-            text += (f" The gpu={serial.gpus} sweep was stopped with {len(q['rows'])} of {int(serial.planned_jobs)} rows "
-                     "written, so both ratios are lower bounds.")
+            text += (
+                f" The gpu={serial.gpus} sweep was stopped with {len(q['rows'])} of {int(serial.planned_jobs)} rows "
+                "written, so both ratios are lower bounds."
+            )
         else:
             a = set(zip(p["rows"]["scenario_id"], p["rows"]["candidate"]))
             b = set(zip(q["rows"]["scenario_id"], q["rows"]["candidate"]))
@@ -266,25 +298,45 @@ def report(runs: pd.DataFrame, smi: pd.DataFrame | None, machine: str | None) ->
         lines += [text, ""]
 
     lines += ["## Rows per device (`gpu_ids`)", ""]
-    per_gpu = pd.concat(
-        [sweeps[r.Index]["rows"]["gpu_ids"].fillna("none").value_counts().rename(f"gpu={r.gpus} rows") for r in runs.itertuples()],
-        axis=1,
-    ).fillna(0).astype(int)
+    per_gpu = (
+        pd.concat(
+            [
+                sweeps[r.Index]["rows"]["gpu_ids"].fillna("none").value_counts().rename(f"gpu={r.gpus} rows")
+                for r in runs.itertuples()
+            ],
+            axis=1,
+        )
+        .fillna(0)
+        .astype(int)
+    )
     per_gpu.index.name = "gpu_ids"
     lines += [_table(per_gpu.sort_index().reset_index()), ""]
 
     lines += ["## Jobs running at once (share of each sweep's wall time)", ""]
     k_max = max(max(sw["shares"], default=0) for sw in sweeps.values())
-    lines += [_table(pd.DataFrame([
-        {"run": f"gpu={r.gpus}", **{f"{k} jobs": f"{sweeps[r.Index]['shares'].get(k, 0.0):.0%}" for k in range(k_max + 1)}}
-        for r in runs.itertuples()
-    ])), ""]
+    lines += [
+        _table(
+            pd.DataFrame(
+                [
+                    {
+                        "run": f"gpu={r.gpus}",
+                        **{f"{k} jobs": f"{sweeps[r.Index]['shares'].get(k, 0.0):.0%}" for k in range(k_max + 1)},
+                    }
+                    for r in runs.itertuples()
+                ]
+            )
+        ),
+        "",
+    ]
 
     lines += ["## Double booking", ""]
     for run in runs.itertuples():
         sw = sweeps[run.Index]
-        verdict = ("no two overlapping `[started_at, ended_at]` on one device" if not sw["found"]
-                   else f"FAILED: {Path(run.parquet).name}: " + "; ".join(sw["found"]))
+        verdict = (
+            "no two overlapping `[started_at, ended_at]` on one device"
+            if not sw["found"]
+            else f"FAILED: {Path(run.parquet).name}: " + "; ".join(sw["found"])
+        )
         lines.append(f"- gpu={run.gpus}: {len(device_intervals(sw['rows']))} device leases checked: {verdict}")
     lines.append("")
 
@@ -297,20 +349,28 @@ def report(runs: pd.DataFrame, smi: pd.DataFrame | None, machine: str | None) ->
     jobs = []
     for run in runs.itertuples():
         for r in sweeps[run.Index]["rows"].sort_values("started").itertuples():
-            jobs.append({
-                "run": f"gpu={run.gpus}",
-                "candidate": r.candidate,
-                "num_tokens": r.num_tokens,
-                "status": r.status,
-                "gpu_ids": r.gpu_ids,
-                "start s": round((r.started - run.start_utc).total_seconds(), 2) if pd.notna(r.started) else None,
-                "end s": round((r.ended - run.start_utc).total_seconds(), 2) if pd.notna(r.ended) else None,
-                "baseline_ms": r.baseline_ms,
-                "candidate_ms": r.candidate_ms,
-                "speedup": r.speedup,
-            })
-    lines += ["## Jobs", "", "`start s` / `end s`: seconds from the start of the sweep's `snakemake` command.", "",
-              _table(pd.DataFrame(jobs)), ""]
+            jobs.append(
+                {
+                    "run": f"gpu={run.gpus}",
+                    "candidate": r.candidate,
+                    "num_tokens": r.num_tokens,
+                    "status": r.status,
+                    "gpu_ids": r.gpu_ids,
+                    "start s": round((r.started - run.start_utc).total_seconds(), 2) if pd.notna(r.started) else None,
+                    "end s": round((r.ended - run.start_utc).total_seconds(), 2) if pd.notna(r.ended) else None,
+                    "baseline_ms": r.baseline_ms,
+                    "candidate_ms": r.candidate_ms,
+                    "speedup": r.speedup,
+                }
+            )
+    lines += [
+        "## Jobs",
+        "",
+        "`start s` / `end s`: seconds from the start of the sweep's `snakemake` command.",
+        "",
+        _table(pd.DataFrame(jobs)),
+        "",
+    ]
     return "\n".join(lines), errors
 
 

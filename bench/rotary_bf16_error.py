@@ -27,8 +27,11 @@ def main() -> None:
     p.add_argument("--num-tokens", type=int, default=1024)
     p.add_argument("--seeds", type=int, default=5)
     a = p.parse_args()
-    scenario = next(s for s in generate([a.model], [1], [a.num_tokens], "auto", REPO)["scenarios"]
-                    if s["target"] == "rotary_embedding")
+    scenario = next(
+        s
+        for s in generate([a.model], [1], [a.num_tokens], "auto", REPO)["scenarios"]
+        if s["target"] == "rotary_embedding"
+    )
     op = operators.get("rotary_embedding")
     base = op.baseline(**scenario["init_args"]).to(torch.bfloat16)
     cand = load_class(REPO / "candidates/rotary_embedding/rotate_half.py", "rotary_embedding")(**scenario["init_args"])
@@ -45,8 +48,10 @@ def main() -> None:
             err_b = max(err_b, float((b.double() - e).abs().max()))
             err_c = max(err_c, float((c.double() - e).abs().max()))
             diff = max(diff, float((b.double() - c.double()).abs().max()))
-    print(f"{scenario['scenario_id']}, {a.seeds} seeds: max |baseline - fp64| {err_b:.4g}, "
-          f"max |rotate_half - fp64| {err_c:.4g}, max |baseline - rotate_half| {diff:.4g}")
+    print(
+        f"{scenario['scenario_id']}, {a.seeds} seeds: max |baseline - fp64| {err_b:.4g}, "
+        f"max |rotate_half - fp64| {err_c:.4g}, max |baseline - rotate_half| {diff:.4g}"
+    )
 
 
 if __name__ == "__main__":

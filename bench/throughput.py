@@ -57,7 +57,7 @@ from typing import Self
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from workflow_helpers import copy_workflow
+from workflow_helpers import copy_workflow  # noqa: E402 (tests/ on sys.path first)
 
 PASS_THROUGH = ("target", "model", "num_tokens", "tp", "device", "num_warmup", "num_runs")
 
@@ -185,7 +185,8 @@ def bare_loop(root: Path, rows: list[dict]) -> tuple[float, list[dict]]:
                 got = flatten(candidate(*[t.clone() for t in inputs]))
                 ok = len(ref) == len(got) and all(
                     torch.allclose(g.double(), r.double(), atol=float(row["atol"]), rtol=float(row["rtol"]))
-                    for g, r in zip(got, ref))
+                    for g, r in zip(got, ref)
+                )
                 if not ok:
                     raise AssertionError(f"outputs differ beyond atol={row['atol']} rtol={row['rtol']}")
                 warm, runs = int(row["num_warmup"]), int(row["num_runs"])
@@ -200,8 +201,11 @@ def phases(rows: list[dict], start: datetime, wall_s: float) -> dict:
     """Where kb-nano's wall went, from the rows' ``started_at``/``ended_at`` (the judge's
     clock): ``before_first_job`` (CLI, manifest, DAG, judge start), ``jobs`` (first start to
     last end), ``after_last_job`` (merge, shutdown); seconds."""
-    spans = [(datetime.fromisoformat(r["started_at"]), datetime.fromisoformat(r["ended_at"]))
-             for r in rows if r.get("started_at") and r.get("ended_at")]
+    spans = [
+        (datetime.fromisoformat(r["started_at"]), datetime.fromisoformat(r["ended_at"]))
+        for r in rows
+        if r.get("started_at") and r.get("ended_at")
+    ]
     if not spans:
         return {}
     first = (min(s for s, _ in spans) - start).total_seconds()
@@ -212,13 +216,24 @@ def phases(rows: list[dict], start: datetime, wall_s: float) -> dict:
 def machine() -> str:
     """GPU name + driver (nvidia-smi), else the CPU model from /proc/cpuinfo."""
     if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=False).stdout.strip().splitlines()
+        out = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
         if out:
             return f"{len(out)}x {out[0]}"
     info = Path("/proc/cpuinfo")
-    models = [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")] \
-        if info.is_file() else []
+    models = (
+        [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")]
+        if info.is_file()
+        else []
+    )
     return f"{models[0] if models else platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
 
 
@@ -235,9 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the numbers to this file")
     p.add_argument("--max-ratio", type=float, help="exit 1 when kb/bare exceeds this")
     p.add_argument("--keep", action="store_true", help="keep the temporary workflow copy (for --reuse)")
-    p.add_argument("--cold-cache", action="store_true",
-                   help="run kb-nano with an empty XDG_CACHE_HOME (no cached manifest, no candidate compiler "
-                        "caches: a first sweep on a new machine); default: the user's cache, as a second sweep has it")
+    p.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="run kb-nano with an empty XDG_CACHE_HOME (no cached manifest, no candidate compiler "
+        "caches: a first sweep on a new machine); default: the user's cache, as a second sweep has it",
+    )
     p.add_argument("--reuse", type=Path, help=argparse.SUPPRESS)  # skip kb-nano; read DIR/results
     args = p.parse_args(argv)
 
@@ -258,13 +276,19 @@ def main(argv: list[str] | None = None) -> int:
             env["XDG_CACHE_HOME"] = str(root / ".cold_cache")
         with GpuSampler() as sampler:  # the whole invocation, output captured
             t0, kb_start = time.perf_counter(), datetime.now(UTC)
-            proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, check=False)
+            proc = subprocess.run(
+                cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+            )
             kb_wall = time.perf_counter() - t0
         kb_gpu = sampler.summary()
         (root / "kb_nano_output.txt").write_text(proc.stdout)
-        result["manifest"] = ("from the user cache" if "llm.yaml (from the user cache)" in proc.stdout
-                              else "generated" if "wrote results/inputs/llm.yaml" in proc.stdout else "read back")
+        result["manifest"] = (
+            "from the user cache"
+            if "llm.yaml (from the user cache)" in proc.stdout
+            else "generated"
+            if "wrote results/inputs/llm.yaml" in proc.stdout
+            else "read back"
+        )
         if proc.returncode:
             print(proc.stdout[-4000:], file=sys.stderr)
             print(f"kb_nano exited {proc.returncode} after {kb_wall:.1f} s (copy kept: {root})", file=sys.stderr)
@@ -285,27 +309,54 @@ def main(argv: list[str] | None = None) -> int:
     errors = [pr for pr in pairs if "error" in pr]
     ratio = kb_wall / bare_wall if kb_wall is not None and bare_wall > 0 else None
     result.update(
-        rows=len(rows), statuses=dict(collections.Counter(r["status"] for r in rows)), passed_rows=len(passed),
-        kb_nano_wall_s=kb_wall, kb_nano_row_wall_s_sum=sum(r.get("wall_s") or 0.0 for r in rows),
-        bare_loop_wall_s=bare_wall, ratio_kb_over_bare=ratio, bare_loop_errors=len(errors),
-        gpu_util_kb_nano=kb_gpu, gpu_util_bare_loop=bare_gpu, torch_version=torch.__version__,
-        num_warmup=sorted({r["num_warmup"] for r in passed}), num_runs=sorted({r["num_runs"] for r in passed}),
-        workdir=str(root) if args.reuse or args.keep else None, pairs=pairs)
+        rows=len(rows),
+        statuses=dict(collections.Counter(r["status"] for r in rows)),
+        passed_rows=len(passed),
+        kb_nano_wall_s=kb_wall,
+        kb_nano_row_wall_s_sum=sum(r.get("wall_s") or 0.0 for r in rows),
+        bare_loop_wall_s=bare_wall,
+        ratio_kb_over_bare=ratio,
+        bare_loop_errors=len(errors),
+        gpu_util_kb_nano=kb_gpu,
+        gpu_util_bare_loop=bare_gpu,
+        torch_version=torch.__version__,
+        num_warmup=sorted({r["num_warmup"] for r in passed}),
+        num_runs=sorted({r["num_runs"] for r in passed}),
+        workdir=str(root) if args.reuse or args.keep else None,
+        pairs=pairs,
+    )
 
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(result["statuses"].items()))
     for label, value in (
         ("rows (kb-nano)", f"{len(rows)}: {statuses}"),
         ("rows timed by the bare loop", f"{len(passed)} passed pairs ({len(errors)} errored)"),
         ("kb-nano wall (s)", fmt(kb_wall)),
-        *((("kb-nano manifest", result["manifest"] + (" (--cold-cache)" if args.cold_cache else "")),)
-          if "manifest" in result else ()),
+        *(
+            (("kb-nano manifest", result["manifest"] + (" (--cold-cache)" if args.cold_cache else "")),)
+            if "manifest" in result
+            else ()
+        ),
         ("kb-nano sum of rows' wall_s (s)", fmt(result["kb_nano_row_wall_s_sum"])),
-        *((("kb-nano before / during / after jobs (s)",
-            " / ".join(fmt(v) for v in result["kb_nano_phases_s"].values())),) if result.get("kb_nano_phases_s") else ()),
+        *(
+            (
+                (
+                    "kb-nano before / during / after jobs (s)",
+                    " / ".join(fmt(v) for v in result["kb_nano_phases_s"].values()),
+                ),
+            )
+            if result.get("kb_nano_phases_s")
+            else ()
+        ),
         ("bare-loop wall (s)", fmt(bare_wall)),
         ("ratio kb/bare", fmt(ratio) + ("x" if ratio else "")),
-        *((f"GPU util during {k}", f"{g['busy_pct']:.0f}% of {g['samples']} samples > 0, mean {g['mean_util_pct']:.1f}%")
-          for k, g in (("kb-nano", kb_gpu), ("bare loop", bare_gpu)) if g),
+        *(
+            (
+                f"GPU util during {k}",
+                f"{g['busy_pct']:.0f}% of {g['samples']} samples > 0, mean {g['mean_util_pct']:.1f}%",
+            )
+            for k, g in (("kb-nano", kb_gpu), ("bare loop", bare_gpu))
+            if g
+        ),
         ("machine", result["machine"]),
         ("torch", torch.__version__),
         ("warmup / runs per side", f"{result['num_warmup']} / {result['num_runs']}"),

@@ -70,7 +70,9 @@ def ensure_installed() -> None:
         subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode or not all(shutil.which(name) for name in BINARIES):
-        raise ClusterError(f"apt-get install {' '.join(PACKAGES)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise ClusterError(
+            f"apt-get install {' '.join(PACKAGES)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
 
 
 def _free_port() -> int:
@@ -177,9 +179,7 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         module did not write is left alone (SlurmUnavailable); a link left by an
         earlier, interrupted run is replaced."""
         if SYSTEM_CONF.is_symlink() or SYSTEM_CONF.exists():
-            ours = SYSTEM_CONF.is_symlink() and (
-                not SYSTEM_CONF.exists() or SYSTEM_CONF.read_text().startswith(HEADER)
-            )
+            ours = SYSTEM_CONF.is_symlink() and (not SYSTEM_CONF.exists() or SYSTEM_CONF.read_text().startswith(HEADER))
             if not ours:
                 raise SlurmUnavailable(
                     f"{SYSTEM_CONF} belongs to a Slurm set up on this machine; the test cluster will not replace it"
@@ -223,15 +223,25 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         proc = self.run("sinfo", "--noheader", "--nodes", NODE, "--format", "%T", check=False)
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
-    def __enter__(self) -> "LocalSlurmCluster":
+    def __enter__(self) -> LocalSlurmCluster:
         ensure_installed()
         self._write_config()
         r = self.root
         try:
             self._link_system_conf()
-            self._start("munged", ["munged", "--foreground", "--force", f"--socket={r}/munge/munge.socket",
-                                   f"--key-file={r}/munge/munge.key", f"--pid-file={r}/munge/munged.pid",
-                                   f"--log-file={r}/munged.log", f"--seed-file={r}/munge/munged.seed"])
+            self._start(
+                "munged",
+                [
+                    "munged",
+                    "--foreground",
+                    "--force",
+                    f"--socket={r}/munge/munge.socket",
+                    f"--key-file={r}/munge/munge.key",
+                    f"--pid-file={r}/munge/munged.pid",
+                    f"--log-file={r}/munged.log",
+                    f"--seed-file={r}/munge/munged.seed",
+                ],
+            )
             self._wait("munged's socket", lambda: (r / "munge" / "munge.socket").exists())
             # -D foreground, -c clear any earlier state in this directory, -i ignore errors in it
             self._start("slurmctld", ["slurmctld", "-D", "-c", "-i", "-f", str(self.conf)])

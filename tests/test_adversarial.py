@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from workflow_helpers import copy_workflow, kb_nano
 
 CORPUS = Path(__file__).resolve().parent / "adversarial"
@@ -35,17 +34,39 @@ def corpus() -> dict[str, dict]:
             continue
         tree = ast.parse(path.read_text())
         names = ("EXPECTED", "EXPECTED_CUDA", "EXPECTED_ERROR", "EXPECTED_LIKE", "FORGED_SPEEDUP")
-        consts = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                  for t in n.targets if isinstance(t, ast.Name) and t.id in names}
+        consts = {
+            t.id: ast.literal_eval(n.value)
+            for n in tree.body
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name) and t.id in names
+        }
         text = path.read_text()
-        only = "cuda" if 'supported_devices = ("cuda",)' in text else "cpu" if 'supported_devices = ("cpu",)' in text else None
-        out[f"{path.parent.name}/{path.stem}"] = {"EXPECTED_CUDA": None, "EXPECTED_ERROR": None, "EXPECTED_LIKE": None,
-                                                  "FORGED_SPEEDUP": None, **consts, "only": only}
+        only = (
+            "cuda"
+            if 'supported_devices = ("cuda",)' in text
+            else "cpu"
+            if 'supported_devices = ("cpu",)' in text
+            else None
+        )
+        out[f"{path.parent.name}/{path.stem}"] = {
+            "EXPECTED_CUDA": None,
+            "EXPECTED_ERROR": None,
+            "EXPECTED_LIKE": None,
+            "FORGED_SPEEDUP": None,
+            **consts,
+            "only": only,
+        }
     return out
 
 
-def run_corpus(work: Path, device: str, timeout_s: float = 60, snakemake_args: tuple[str, ...] = (),
-               extra_args: tuple[str, ...] = ()) -> dict[str, dict]:
+def run_corpus(
+    work: Path,
+    device: str,
+    timeout_s: float = 60,
+    snakemake_args: tuple[str, ...] = (),
+    extra_args: tuple[str, ...] = (),
+) -> dict[str, dict]:
     """Copy the corpus into ``work``'s candidates, run one sweep (Llama-3.2-1B, TP 1,
     64 tokens) and return ``{candidate id: row}``. ``snakemake_args`` go to Snakemake
     (after ``--``)."""
@@ -54,10 +75,30 @@ def run_corpus(work: Path, device: str, timeout_s: float = 60, snakemake_args: t
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, dest)
     ids = [*corpus(), *REPO_CONTROLS]
-    args = ["kernels", "--model", "llama32-1b", "--tp", "1", "--num-tokens", "64",
-            "--target", "rms_norm", "fused_add_rms_norm", "--candidate", *ids, "--device", device,
-            "--timeout-s", str(timeout_s), "--num-warmup", "2", "--num-runs", "20",
-            "--output-json", "results/adversarial.json"]
+    args = [
+        "kernels",
+        "--model",
+        "llama32-1b",
+        "--tp",
+        "1",
+        "--num-tokens",
+        "64",
+        "--target",
+        "rms_norm",
+        "fused_add_rms_norm",
+        "--candidate",
+        *ids,
+        "--device",
+        device,
+        "--timeout-s",
+        str(timeout_s),
+        "--num-warmup",
+        "2",
+        "--num-runs",
+        "20",
+        "--output-json",
+        "results/adversarial.json",
+    ]
     if device == "cpu":
         args += ["--memory-limit-gb", "4"]
     args += list(extra_args)
@@ -80,14 +121,20 @@ def mismatches(rows: dict[str, dict], device: str) -> list[str]:
             bad.append(f"{cid}: no row")
         elif row["status"] != status:
             bad.append(f"{cid}: {row['status']} ({row['error']}), expected {status}")
-        elif status == want["EXPECTED"] == expected and want["EXPECTED_ERROR"] and want["EXPECTED_ERROR"] not in (row["error"] or ""):
+        elif (
+            status == want["EXPECTED"] == expected
+            and want["EXPECTED_ERROR"]
+            and want["EXPECTED_ERROR"] not in (row["error"] or "")
+        ):
             bad.append(f"{cid}: error {row['error']!r} lacks {want['EXPECTED_ERROR']!r}")
         elif status == "passed" and want["EXPECTED_LIKE"] and rows.get(want["EXPECTED_LIKE"], {}).get("speedup"):
             # a cheat that cannot reach the baseline any more gains nothing over the same computation done honestly
             like = rows[want["EXPECTED_LIKE"]]
             if row["speedup_ci_low"] > 1.5 * like["speedup_ci_high"]:
-                bad.append(f"{cid}: speedup {row['speedup']:.2f} (95% CI from {row['speedup_ci_low']:.2f}) is unearned: "
-                           f"{want['EXPECTED_LIKE']}, the same computation, has {like['speedup']:.2f}")
+                bad.append(
+                    f"{cid}: speedup {row['speedup']:.2f} (95% CI from {row['speedup_ci_low']:.2f}) is unearned: "
+                    f"{want['EXPECTED_LIKE']}, the same computation, has {like['speedup']:.2f}"
+                )
     forged = {w["FORGED_SPEEDUP"] for w in corpus().values() if w["FORGED_SPEEDUP"]}
     bad += [f"{cid}: a forged row (speedup {r['speedup']})" for cid, r in rows.items() if r.get("speedup") in forged]
     for cid in REPO_CONTROLS:
@@ -119,7 +166,7 @@ def test_corpus_covers_every_anti_cheat_status():
     from kb_nano.schema import STATUSES
 
     expected = {c["EXPECTED"] for c in corpus().values()}
-    anti_cheat = set(STATUSES[STATUSES.index("tampered"):])
+    anti_cheat = set(STATUSES[STATUSES.index("tampered") :])
     assert anti_cheat <= expected, anti_cheat - expected
     assert {"incorrect", "crashed", "timeout", "runtime_error", "passed"} <= expected
 
@@ -133,13 +180,21 @@ if __name__ == "__main__":
     parser.add_argument("--timeout-s", type=float, default=120)
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--no-mlflow", action="store_true", help="stop after merge_kernels (no MLflow run)")
-    parser.add_argument("--gpu-pool", type=int, help="GPUs to use (1: every job on one device, one after another, "
-                        "so jobs after an illegal address or an out-of-memory candidate reuse its GPU)")
+    parser.add_argument(
+        "--gpu-pool",
+        type=int,
+        help="GPUs to use (1: every job on one device, one after another, "
+        "so jobs after an illegal address or an out-of-memory candidate reuse its GPU)",
+    )
     a = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        got = run_corpus(copy_workflow(Path(tmp)), a.device, a.timeout_s,
-                         ("--until", "merge_kernels") if a.no_mlflow else (),
-                         ("--gpu-pool", str(a.gpu_pool)) if a.gpu_pool else ())
+        got = run_corpus(
+            copy_workflow(Path(tmp)),
+            a.device,
+            a.timeout_s,
+            ("--until", "merge_kernels") if a.no_mlflow else (),
+            ("--gpu-pool", str(a.gpu_pool)) if a.gpu_pool else (),
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(got, indent=1, default=str))
     for cid, r in sorted(got.items()):

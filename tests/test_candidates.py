@@ -13,9 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
 from kb_nano.candidates import CandidateError, CandidateRef, discover, file_sha256, load_class  # noqa: E402
 from kb_nano.errors import KbNanoError  # noqa: E402
+from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
 from kb_nano.manifest import generate  # noqa: E402
 from kb_nano.operators.norms import RMSNorm  # noqa: E402
 from kb_nano.schema import COLUMNS, STATUSES  # noqa: E402
@@ -42,12 +42,14 @@ def measure(scenario, candidate_id, path, settings, root, logs: list | None = No
     from kb_nano.kernels.measure import measure as judged
 
     with tempfile.TemporaryFile() as log:
-        row = judged(scenario, candidate_id, Path(path), {"seed": None, **settings}, Path(root), _POOL["pool"],
-                     log.fileno())
+        row = judged(
+            scenario, candidate_id, Path(path), {"seed": None, **settings}, Path(root), _POOL["pool"], log.fileno()
+        )
         if logs is not None:
             log.seek(0)
             logs.append(log.read().decode(errors="replace"))
         return row
+
 
 # A tiny Llama for operators whose real shapes are too big for a unit test (the
 # embedding of llama32-1b is 128256 x 2048).
@@ -121,8 +123,15 @@ def scenarios(tmp_path_factory) -> dict:
 @pytest.fixture
 def settings():
     # keep the process-wide thread count as it is (measure sets it)
-    return {"device": "cpu", "atol": 0.01, "rtol": 0.01, "num_warmup": 1, "num_runs": 3, "num_threads": 1,
-            "timeout_s": 120}
+    return {
+        "device": "cpu",
+        "atol": 0.01,
+        "rtol": 0.01,
+        "num_warmup": 1,
+        "num_runs": 3,
+        "num_threads": 1,
+        "timeout_s": 120,
+    }
 
 
 def write(path: Path, source: str) -> Path:
@@ -194,7 +203,9 @@ def test_discover_repo_candidates():
 
 
 def test_load_class_good(tmp_path):
-    path = write(tmp_path / "good.py", """
+    path = write(
+        tmp_path / "good.py",
+        """
         import torch
         from torch import nn
         from kb_nano.operators.norms import RMSNorm  # imported classes do not count
@@ -204,19 +215,25 @@ def test_load_class_good(tmp_path):
 
         class Mine(RMSNorm):
             pass
-    """)
+    """,
+    )
     cls = load_class(path, "rms_norm")
     assert cls.__name__ == "Mine" and issubclass(cls, RMSNorm)
 
 
-@pytest.mark.parametrize("source,needles", [
-    ("def broken(:\n    pass\n", ["import failed", "SyntaxError"]),
-    ("import no_such_package_kb_nano\n", ["import failed", "ModuleNotFoundError", "no_such_package_kb_nano"]),
-    ("raise RuntimeError('boom\\nsecond line')\n", ["import failed", "RuntimeError: boom second line"]),
-    ("X = 1\n", ["exactly one nn.Module", "found: none"]),
-    ("from torch import nn\nclass A(nn.Module): pass\nclass B(nn.Module): pass\n",
-     ["exactly one nn.Module", "found: A, B"]),
-])
+@pytest.mark.parametrize(
+    "source,needles",
+    [
+        ("def broken(:\n    pass\n", ["import failed", "SyntaxError"]),
+        ("import no_such_package_kb_nano\n", ["import failed", "ModuleNotFoundError", "no_such_package_kb_nano"]),
+        ("raise RuntimeError('boom\\nsecond line')\n", ["import failed", "RuntimeError: boom second line"]),
+        ("X = 1\n", ["exactly one nn.Module", "found: none"]),
+        (
+            "from torch import nn\nclass A(nn.Module): pass\nclass B(nn.Module): pass\n",
+            ["exactly one nn.Module", "found: A, B"],
+        ),
+    ],
+)
 def test_load_class_errors(tmp_path, source, needles):
     path = write(tmp_path / "cand.py", source)
     with pytest.raises(CandidateError) as exc:
@@ -264,19 +281,24 @@ class Cand(nn.Module):
 
 # name -> (expected status, forward body, extra __init__ line, class attributes)
 RMS_CANDIDATES = {
-    "good": ("passed",
-             "return F.rms_norm(x.float(), (self.hidden_size,), None, self.variance_epsilon).to(x.dtype) * self.weight"),
+    "good": (
+        "passed",
+        "return F.rms_norm(x.float(), (self.hidden_size,), None, self.variance_epsilon).to(x.dtype) * self.weight",
+    ),
     "raises": ("runtime_error", "raise RuntimeError('boom\\nat line two')"),
     "nan": ("nonfinite", "return torch.full_like(x, math.nan)"),
     "shape": ("incorrect_shape", "return x[:, :-1].clone()"),
-    "dtype": ("incorrect_dtype",
-              "return F.rms_norm(x.float(), (self.hidden_size,), self.weight.float(), self.variance_epsilon)"),
+    "dtype": (
+        "incorrect_dtype",
+        "return F.rms_norm(x.float(), (self.hidden_size,), self.weight.float(), self.variance_epsilon)",
+    ),
     "wrong": ("incorrect", "return x * self.weight"),
     # right only while the weight is all ones: measure must randomise it
-    "ignores_weight": ("incorrect",
-                       "return F.rms_norm(x.float(), (self.hidden_size,), None, self.variance_epsilon).to(x.dtype)"),
-    "cuda_only": ("skipped", "raise AssertionError('must not run on the CPU')", "",
-                  "supported_devices = ('cuda',)"),
+    "ignores_weight": (
+        "incorrect",
+        "return F.rms_norm(x.float(), (self.hidden_size,), None, self.variance_epsilon).to(x.dtype)",
+    ),
+    "cuda_only": ("skipped", "raise AssertionError('must not run on the CPU')", "", "supported_devices = ('cuda',)"),
     "extra_key": ("import_error", "return x", "self.bias = nn.Parameter(torch.zeros(hidden_size))"),
 }
 
@@ -284,8 +306,7 @@ RMS_CANDIDATES = {
 def rms_candidate(tmp_path: Path, name: str) -> Path:
     _, forward, *rest = RMS_CANDIDATES[name]
     extra_init, class_attrs = (list(rest) + ["", ""])[:2]
-    source = RMS_TEMPLATE.format(forward=forward, extra_init=extra_init or "pass",
-                                 class_attrs=class_attrs or "pass")
+    source = RMS_TEMPLATE.format(forward=forward, extra_init=extra_init or "pass", class_attrs=class_attrs or "pass")
     return write(tmp_path / "candidates/rms_norm" / f"{name}.py", source)
 
 
@@ -324,7 +345,9 @@ def test_measure_rms_norm(tmp_path, scenarios, settings, name):
 def test_seed_is_drawn_per_measurement_and_replays(tmp_path, scenarios, settings):
     """Each measurement draws its own seed; passing a row's seed back gives the same inputs
     (the candidate prints a digest of what its first call saw to the job log)."""
-    path = write(tmp_path / "candidates/rms_norm/digest.py", """
+    path = write(
+        tmp_path / "candidates/rms_norm/digest.py",
+        """
         import hashlib
 
         from kb_nano.operators.norms import RMSNorm
@@ -335,20 +358,24 @@ def test_seed_is_drawn_per_measurement_and_replays(tmp_path, scenarios, settings
                     self._seen = True
                     print("FIRST", hashlib.sha256(x.float().numpy().tobytes()).hexdigest(), flush=True)
                 return super().forward(x, residual)
-    """)
+    """,
+    )
     scenario = scenarios["rms_norm__llama32-1b__tp1__n4"]
     logs: list = []
     a = check_row(measure(scenario, "rms_norm/digest", path, settings, tmp_path, logs), "passed")
     b = check_row(measure(scenario, "rms_norm/digest", path, settings, tmp_path, logs), "passed")
-    again = check_row(measure(scenario, "rms_norm/digest", path, {**settings, "seed": a["seed"]}, tmp_path, logs),
-                      "passed")
+    again = check_row(
+        measure(scenario, "rms_norm/digest", path, {**settings, "seed": a["seed"]}, tmp_path, logs), "passed"
+    )
     first = [next(ln for ln in log.splitlines() if ln.startswith("FIRST")) for log in logs]
     assert a["seed"] != b["seed"] and first[0] != first[1]
     assert again["seed"] == a["seed"] and first[2] == first[0]
 
 
 def test_measure_constructor_mismatch(tmp_path, scenarios, settings):
-    path = write(tmp_path / "c.py", """
+    path = write(
+        tmp_path / "c.py",
+        """
         from torch import nn
 
         class Cand(nn.Module):
@@ -357,52 +384,66 @@ def test_measure_constructor_mismatch(tmp_path, scenarios, settings):
 
             def forward(self, x, residual=None):
                 return x
-    """)
-    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/c", path, settings, tmp_path),
-                    "import_error")
+    """,
+    )
+    row = check_row(
+        measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/c", path, settings, tmp_path), "import_error"
+    )
     assert row["error"].startswith("constructor Cand(**['eps', 'hidden_size'])") and "TypeError" in row["error"]
 
 
 def test_measure_import_error_row(tmp_path, scenarios, settings):
     path = write(tmp_path / "c.py", "def f(:\n")
-    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/c", path, settings, tmp_path),
-                    "import_error")
+    row = check_row(
+        measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/c", path, settings, tmp_path), "import_error"
+    )
     assert "SyntaxError" in row["error"]
 
 
 def test_measure_fused_add_tuple_outputs(tmp_path, scenarios, settings):
     scenario = scenarios["fused_add_rms_norm__llama32-1b__tp1__n4"]
-    good = write(tmp_path / "good.py", """
+    good = write(
+        tmp_path / "good.py",
+        """
         from kb_nano.operators.norms import RMSNorm
 
         class Good(RMSNorm):
             pass
-    """)
+    """,
+    )
     row = check_row(measure(scenario, "fused_add_rms_norm/good", good, settings, tmp_path), "passed")
     assert row["max_abs_err"] == 0.0
-    drops = write(tmp_path / "drops.py", """
+    drops = write(
+        tmp_path / "drops.py",
+        """
         from kb_nano.operators.norms import RMSNorm
 
         class DropsResidual(RMSNorm):
             def forward(self, x, residual=None):
                 return super().forward(x, residual)[0]
-    """)
+    """,
+    )
     row = check_row(measure(scenario, "fused_add_rms_norm/drops", drops, settings, tmp_path), "incorrect_shape")
     assert "returned 1 output(s), baseline returns 2" in row["error"]
-    stale = write(tmp_path / "stale.py", """
+    stale = write(
+        tmp_path / "stale.py",
+        """
         from kb_nano.operators.norms import RMSNorm
 
         class StaleResidual(RMSNorm):
             def forward(self, x, residual=None):
                 out, _ = super().forward(x, residual)
                 return out, residual
-    """)
+    """,
+    )
     row = check_row(measure(scenario, "fused_add_rms_norm/stale", stale, settings, tmp_path), "incorrect")
     assert row["max_abs_err"] > 0.01
 
 
 def test_measure_other_operators(tmp_path, scenarios, settings):
-    silu = write(tmp_path / "silu.py", """
+    silu = write(
+        tmp_path / "silu.py",
+        """
         import torch.nn.functional as F
         from torch import nn
 
@@ -410,11 +451,15 @@ def test_measure_other_operators(tmp_path, scenarios, settings):
             def forward(self, x):
                 d = x.shape[-1] // 2
                 return F.silu(x[..., :d]) * x[..., d:]
-    """)
-    row = check_row(measure(scenarios["silu_and_mul__llama32-1b__tp2__n4"], "silu_and_mul/silu", silu, settings,
-                            tmp_path), "passed")
+    """,
+    )
+    row = check_row(
+        measure(scenarios["silu_and_mul__llama32-1b__tp2__n4"], "silu_and_mul/silu", silu, settings, tmp_path), "passed"
+    )
     assert json.loads(row["input_shapes"]) == {"x": [4, 8192]}
-    swapped = write(tmp_path / "swapped.py", """
+    swapped = write(
+        tmp_path / "swapped.py",
+        """
         import torch.nn.functional as F
         from torch import nn
 
@@ -422,34 +467,56 @@ def test_measure_other_operators(tmp_path, scenarios, settings):
             def forward(self, x):
                 d = x.shape[-1] // 2
                 return F.silu(x[..., d:]) * x[..., :d]
-    """)
-    check_row(measure(scenarios["silu_and_mul__llama32-1b__tp2__n4"], "silu_and_mul/swapped", swapped, settings,
-                      tmp_path), "incorrect")
-    rope = write(tmp_path / "rope.py", """
+    """,
+    )
+    check_row(
+        measure(scenarios["silu_and_mul__llama32-1b__tp2__n4"], "silu_and_mul/swapped", swapped, settings, tmp_path),
+        "incorrect",
+    )
+    rope = write(
+        tmp_path / "rope.py",
+        """
         from kb_nano.operators.rotary import RotaryEmbedding
 
         class Rope(RotaryEmbedding):
             pass
-    """)
-    check_row(measure(scenarios["rotary_embedding__llama32-1b__tp2__n4"], "rotary_embedding/rope", rope, settings,
-                      tmp_path), "passed")
-    interleaved = write(tmp_path / "interleaved.py", """
+    """,
+    )
+    check_row(
+        measure(scenarios["rotary_embedding__llama32-1b__tp2__n4"], "rotary_embedding/rope", rope, settings, tmp_path),
+        "passed",
+    )
+    interleaved = write(
+        tmp_path / "interleaved.py",
+        """
         from kb_nano.operators.rotary import RotaryEmbedding
 
         class Interleaved(RotaryEmbedding):
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, **kwargs)
                 self.is_neox_style = False
-    """)
-    check_row(measure(scenarios["rotary_embedding__llama32-1b__tp2__n4"], "rotary_embedding/interleaved",
-                      interleaved, settings, tmp_path), "incorrect")
+    """,
+    )
+    check_row(
+        measure(
+            scenarios["rotary_embedding__llama32-1b__tp2__n4"],
+            "rotary_embedding/interleaved",
+            interleaved,
+            settings,
+            tmp_path,
+        ),
+        "incorrect",
+    )
 
 
 def test_measure_embedding_tiny(tmp_path, scenarios, settings):
-    scenario = next(s for s in scenarios.values()
-                    if s["target"] == "embedding" and s["tp"] == 2 and s["model"] != "llama32-1b")
+    scenario = next(
+        s for s in scenarios.values() if s["target"] == "embedding" and s["tp"] == 2 and s["model"] != "llama32-1b"
+    )
     assert scenario["init_args"]["num_embeddings"] == 1000 and scenario["applicable"]
-    emb = write(tmp_path / "emb.py", """
+    emb = write(
+        tmp_path / "emb.py",
+        """
         import torch.nn.functional as F
         from kb_nano.operators.embedding import VocabParallelEmbedding
 
@@ -458,16 +525,20 @@ def test_measure_embedding_tiny(tmp_path, scenarios, settings):
                 local = input_ - self.vocab_start_index
                 mask = (local >= 0) & (local < self.vocab_end_index - self.vocab_start_index)
                 return F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * mask.unsqueeze(-1)
-    """)
+    """,
+    )
     check_row(measure(scenario, "embedding/emb", emb, settings, tmp_path), "passed")
-    no_mask = write(tmp_path / "no_mask.py", """
+    no_mask = write(
+        tmp_path / "no_mask.py",
+        """
         import torch.nn.functional as F
         from kb_nano.operators.embedding import VocabParallelEmbedding
 
         class NoMask(VocabParallelEmbedding):
             def forward(self, input_):
                 return F.embedding(input_.clamp(0, self.weight.shape[0] - 1), self.weight)
-    """)
+    """,
+    )
     check_row(measure(scenario, "embedding/no_mask", no_mask, settings, tmp_path), "incorrect")
 
 
@@ -510,42 +581,58 @@ def test_randomize_constant_parameters():
 
 
 def test_one_tuple_for_a_tensor_is_incorrect_shape(tmp_path, scenarios, settings):
-    path = write(tmp_path / "candidates/rms_norm/tupled.py", """
+    path = write(
+        tmp_path / "candidates/rms_norm/tupled.py",
+        """
         from kb_nano.operators.norms import RMSNorm
 
         class Tupled(RMSNorm):
             def forward(self, x, residual=None):
                 return (super().forward(x),)
-    """)
-    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/tupled", path, settings, tmp_path),
-                    "incorrect_shape")
+    """,
+    )
+    row = check_row(
+        measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/tupled", path, settings, tmp_path),
+        "incorrect_shape",
+    )
     assert "returned a tuple, baseline returns a Tensor" in row["error"]
 
 
 def test_bad_supported_devices_is_an_import_error(tmp_path, scenarios, settings):
-    path = write(tmp_path / "candidates/rms_norm/strdev.py", """
+    path = write(
+        tmp_path / "candidates/rms_norm/strdev.py",
+        """
         from kb_nano.operators.norms import RMSNorm
 
         class StrDev(RMSNorm):
             supported_devices = "cpu"
-    """)
-    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/strdev", path, settings, tmp_path),
-                    "import_error")
+    """,
+    )
+    row = check_row(
+        measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/strdev", path, settings, tmp_path), "import_error"
+    )
     assert "supported_devices must be a tuple" in row["error"]
 
 
 def test_candidates_can_import_underscore_helpers(tmp_path, scenarios, settings):
-    write(tmp_path / "candidates/rms_norm/_shared.py", """
+    write(
+        tmp_path / "candidates/rms_norm/_shared.py",
+        """
         from kb_nano.operators.norms import RMSNorm as Base
-    """)
-    path = write(tmp_path / "candidates/rms_norm/uses_helper.py", """
+    """,
+    )
+    path = write(
+        tmp_path / "candidates/rms_norm/uses_helper.py",
+        """
         from _shared import Base
 
         class UsesHelper(Base):
             pass
-    """)
-    check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/uses_helper", path, settings, tmp_path),
-              "passed")
+    """,
+    )
+    check_row(
+        measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/uses_helper", path, settings, tmp_path), "passed"
+    )
 
 
 def test_merge_turns_an_unreadable_shard_into_a_crashed_row(tmp_path, scenarios):
@@ -585,11 +672,17 @@ def test_merge_marks_shards_changed_after_the_judge_wrote_them(tmp_path, scenari
 
     table = pa.Table.from_pylist(rows, schema=pq.read_schema(shards["edited"]))
     pq.write_table(table, shards["edited"])
-    by = {r["candidate"]: r for r in merge(list(shards.values()), [], tmp_path / "k.parquet", tmp_path / "k.json",
-                                           scenarios, secret=secret)}
+    by = {
+        r["candidate"]: r
+        for r in merge(list(shards.values()), [], tmp_path / "k.parquet", tmp_path / "k.json", scenarios, secret=secret)
+    }
     assert by["rms_norm/kept"]["status"] == "incorrect"
-    assert by["rms_norm/edited"]["status"] == "tampered" and "signature does not match" in by["rms_norm/edited"]["error"]
-    assert by["rms_norm/unsigned"]["status"] == "tampered" and "no judge's signature" in by["rms_norm/unsigned"]["error"]
+    assert (
+        by["rms_norm/edited"]["status"] == "tampered" and "signature does not match" in by["rms_norm/edited"]["error"]
+    )
+    assert (
+        by["rms_norm/unsigned"]["status"] == "tampered" and "no judge's signature" in by["rms_norm/unsigned"]["error"]
+    )
 
 
 def test_passed_row_records_interval_precision_and_roofline(tmp_path, scenarios, settings):
@@ -612,12 +705,30 @@ def test_a_cpu_row_has_the_eager_timer_only(tmp_path, scenarios, settings):
     """On a CPU the eager timer is the only one: its columns equal baseline_ms/candidate_ms,
     the kernel and graph columns are null and say nothing went wrong (cuda_graph ignored)."""
     path = rms_candidate(tmp_path, "good")
-    row = check_row(measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/good", path,
-                            {**settings, "cuda_graph": True, "speedup_basis": "kernel"}, tmp_path), "passed")
+    row = check_row(
+        measure(
+            scenarios["rms_norm__llama32-1b__tp1__n4"],
+            "rms_norm/good",
+            path,
+            {**settings, "cuda_graph": True, "speedup_basis": "kernel"},
+            tmp_path,
+        ),
+        "passed",
+    )
     assert row["speedup_basis"] == "eager" and row["stop_reason"] == "fixed" and row["num_blocks"] >= 10
     assert row["candidate_eager_ms"] == row["candidate_ms"] and row["eager_speedup"] == row["speedup"]
-    for col in ("candidate_kernel_ms", "candidate_graph_ms", "graph_speedup", "graph_error", "timer_check",
-                "launch_overhead_ms", "sm_clock_mhz", "throttled", "l2_flush", "hidden_work_ms"):
+    for col in (
+        "candidate_kernel_ms",
+        "candidate_graph_ms",
+        "graph_speedup",
+        "graph_error",
+        "timer_check",
+        "launch_overhead_ms",
+        "sm_clock_mhz",
+        "throttled",
+        "l2_flush",
+        "hidden_work_ms",
+    ):
         assert row[col] is None, col
 
 
@@ -662,13 +773,28 @@ def test_prestarted_judge_serves_the_first_job_and_binds_once(tmp_path, scenario
 
     path = rms_candidate(tmp_path, "good")
     job.prestart()
-    full = {**settings, "seed": None, "golden": None, "num_trials": 3, "cuda_graph": False,
-            "float32_matmul_precision": "highest", "memory_limit_gb": None, "roofline": None}
+    full = {
+        **settings,
+        "seed": None,
+        "golden": None,
+        "num_trials": 3,
+        "cuda_graph": False,
+        "float32_matmul_precision": "highest",
+        "memory_limit_gb": None,
+        "roofline": None,
+    }
     out = tmp_path / "results/kernels/rms_norm/good/rms_norm__llama32-1b__tp1__n4.parquet"
     try:
         spare_pid = job._SPARE["thread"].join() or job._SPARE["judge"].proc.pid
-        status = job.run(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/good", str(path), full, str(out),
-                         str(tmp_path / "job.log"), str(tmp_path))
+        status = job.run(
+            scenarios["rms_norm__llama32-1b__tp1__n4"],
+            "rms_norm/good",
+            str(path),
+            full,
+            str(out),
+            str(tmp_path / "job.log"),
+            str(tmp_path),
+        )
         assert status == "passed" and out.is_file()
         judge = job._JUDGES["cpu"]
         assert judge.proc.pid == spare_pid and "spare" not in job._JUDGES and "judge" not in job._SPARE
@@ -697,8 +823,15 @@ def test_warmed_candidate_workers_are_the_ones_the_jobs_get(tmp_path, scenarios,
             warmed = list(pool.candidates.values())
             assert len(warmed) == 2 and not any(h._ready for h in warmed)  # started, not waited for
             assert pool.warm(files, full, log.fileno(), time.monotonic() + 60) == 0
-            row = judged(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/good", Path(files[0][0]), full,
-                         tmp_path, pool, log.fileno())
+            row = judged(
+                scenarios["rms_norm__llama32-1b__tp1__n4"],
+                "rms_norm/good",
+                Path(files[0][0]),
+                full,
+                tmp_path,
+                pool,
+                log.fileno(),
+            )
         check_row(row, "passed")
         assert warmed[0].proc.is_alive() and warmed[0]._ready is not None
         assert list(pool.candidates.values()) == [warmed[1], warmed[0]]  # reused, moved to the end

@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-
 from workflow_helpers import copy_workflow, kb_nano
 
 
@@ -96,13 +95,20 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
     out = kb_nano(
         work,
         "kernels",
-        "--target", "rms_norm",
-        "--model", "llama32-1b",
-        "--tp", "1",
-        "--num-tokens", "1",
-        "--num-warmup", "1",
-        "--num-runs", "3",
-        "--output-json", str(out_json),
+        "--target",
+        "rms_norm",
+        "--model",
+        "llama32-1b",
+        "--tp",
+        "1",
+        "--num-tokens",
+        "1",
+        "--num-warmup",
+        "1",
+        "--num-runs",
+        "3",
+        "--output-json",
+        str(out_json),
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "rms_norm__llama32-1b__tp1__n1" in out.stdout and "speedup" in out.stdout
@@ -154,8 +160,13 @@ def test_garbage_tracking_uri_is_an_error(work):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "kb_nano.cli", "kernels", "--dry-run"], cwd=work, capture_output=True,
-                         text=True, env={**os.environ, "KB_NANO_ROOT": str(work), "MLFLOW_TRACKING_URI": "garbage!!"})
+    out = subprocess.run(
+        [sys.executable, "-m", "kb_nano.cli", "kernels", "--dry-run"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KB_NANO_ROOT": str(work), "MLFLOW_TRACKING_URI": "garbage!!"},
+    )
     assert out.returncode == 2 and "not an MLflow store" in out.stderr, out.stderr
 
 
@@ -180,11 +191,31 @@ def test_a_signal_to_kb_nano_alone_stops_the_whole_run(tmp_path, sig):
 
     work = copy_workflow(tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kb_nano.cli", "kernels", "--target", "embedding", "--model", "llama31-8b", "qwen3-8b",
-         "--tp", "1", "4", "--num-tokens", "1", "64"],
-        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "KB_NANO_ROOT": str(work)}, start_new_session=True,
-        preexec_fn=_ignore_sigint if "ignored" in sig else None)
+        [
+            sys.executable,
+            "-m",
+            "kb_nano.cli",
+            "kernels",
+            "--target",
+            "embedding",
+            "--model",
+            "llama31-8b",
+            "qwen3-8b",
+            "--tp",
+            "1",
+            "4",
+            "--num-tokens",
+            "1",
+            "64",
+        ],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "KB_NANO_ROOT": str(work)},
+        start_new_session=True,
+        preexec_fn=_ignore_sigint if "ignored" in sig else None,
+    )
     sig = sig.split(",")[0]
     try:
         deadline = time.monotonic() + 120
@@ -210,8 +241,9 @@ def test_a_bad_flag_value_is_one_line():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "kb_nano.cli", "kernels", "--speedup-basis", "fastest"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "kb_nano.cli", "kernels", "--speedup-basis", "fastest"], capture_output=True, text=True
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "invalid choice: 'fastest'" in out.stderr and "kb_nano kernels --help" in out.stderr
 

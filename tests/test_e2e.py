@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from workflow_helpers import REPO, copy_workflow, kb_nano
 
 from kb_nano.e2e import plan as e2e_plan
 from kb_nano.e2e import workloads
@@ -20,8 +21,6 @@ from kb_nano.e2e.vllm_plugin import ENV_CALLS_DIR, ENV_CANDIDATES, swappable
 from kb_nano.errors import KbNanoError
 from kb_nano.merge import merge_e2e
 from kb_nano.schema import E2E_COLUMNS, E2E_STATUSES, e2e_table, make_e2e_row, write_table
-
-from workflow_helpers import REPO, copy_workflow, kb_nano
 
 HAVE_VLLM = __import__("importlib").util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM not installed (pip install -e '.[e2e]')")
@@ -35,11 +34,31 @@ TEST_CANDS = Path(__file__).resolve().parent / "e2e_candidates"
 def test_workload_flags_are_vllm_flags():
     w = workloads.from_flags("latency", None, input_len=8, output_len=4, batch_size=2, num_iters=2)
     assert w.name == "latency_in8_out4_bs2_warm1_it2"
-    assert workloads.bench_args(w) == ["--input-len", "8", "--output-len", "4", "--batch-size", "2",
-                                       "--num-iters-warmup", "1", "--num-iters", "2"]
+    assert workloads.bench_args(w) == [
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--batch-size",
+        "2",
+        "--num-iters-warmup",
+        "1",
+        "--num-iters",
+        "2",
+    ]
     t = workloads.from_flags("throughput", None, input_len=64, output_len=8, num_prompts=5)
-    assert workloads.bench_args(t) == ["--dataset-name", "random", "--random-input-len", "64",
-                                       "--random-output-len", "8", "--random-range-ratio", "0.0", "--num-prompts", "5"]
+    assert workloads.bench_args(t) == [
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        "8",
+        "--random-range-ratio",
+        "0.0",
+        "--num-prompts",
+        "5",
+    ]
     s = workloads.from_flags("serve", None, input_len=16, num_prompts=4, max_concurrency=2)
     assert s.name == "serve_random_in16_out16_n4_r0.0_rateinf_c2"
     assert workloads.bench_args(s)[-4:] == ["--num-prompts", "4", "--max-concurrency", "2"]  # no --request-rate: inf
@@ -61,8 +80,12 @@ def test_default_candidate_set_is_swappable_and_runs_on_cpu():
     cands = e2e_plan.candidate_set(REPO, [], "cpu", [TINY])
     ids = [c.id for c in cands]
     # gelu_and_mul/inplace is swappable but Llama has no GeGLU; Triton ones need CUDA.
-    assert ids == ["fused_add_rms_norm/fp32_sum", "rms_norm/torch_fused", "rotary_embedding/rotate_half",
-                   "silu_and_mul/inplace"]
+    assert ids == [
+        "fused_add_rms_norm/fp32_sum",
+        "rms_norm/torch_fused",
+        "rotary_embedding/rotate_half",
+        "silu_and_mul/inplace",
+    ]
     assert "gelu_and_mul/inplace" in [c.id for c in e2e_plan.candidate_set(REPO, [], "cpu", ["gemma2-2b"])]
     assert all(swappable(c.target)[0] for c in cands)
     assert "rms_norm/triton_rowwise" not in ids  # CUDA only
@@ -71,7 +94,9 @@ def test_default_candidate_set_is_swappable_and_runs_on_cpu():
 
 
 def test_unswappable_candidate_is_refused_with_the_reason():
-    with pytest.raises(KbNanoError, match="attention/gqa_grouped: not swappable into vLLM: vLLM attention is a backend"):
+    with pytest.raises(
+        KbNanoError, match="attention/gqa_grouped: not swappable into vLLM: vLLM attention is a backend"
+    ):
         e2e_plan.candidate_set(REPO, ["attention/gqa_grouped"], "cpu")
     with pytest.raises(KbNanoError, match="supports cuda; this run is on cpu"):
         e2e_plan.candidate_set(REPO, ["rms_norm/triton_rowwise"], "cpu")
@@ -89,8 +114,16 @@ def test_model_without_weights_runs_with_random_weights():
 
 
 def _row(variant, **metrics):
-    return make_e2e_row(model="tiny-llama", tp=1, workload="w", kind=metrics.pop("kind", "latency"), variant=variant,
-                        status=metrics.pop("status", "ok"), weights="random (--load-format dummy)", **metrics)
+    return make_e2e_row(
+        model="tiny-llama",
+        tp=1,
+        workload="w",
+        kind=metrics.pop("kind", "latency"),
+        variant=variant,
+        status=metrics.pop("status", "ok"),
+        weights="random (--load-format dummy)",
+        **metrics,
+    )
 
 
 def test_e2e_row_rejects_unknown_fields_and_statuses():
@@ -103,13 +136,15 @@ def test_e2e_row_rejects_unknown_fields_and_statuses():
 
 def test_merge_fills_speedup_from_the_baseline_and_writes_the_json_schema(tmp_path):
     shards = []
-    for i, row in enumerate([
-        _row("baseline", avg_latency_ms=100.0),
-        _row("a.b", avg_latency_ms=80.0),
-        _row("baseline", kind="throughput", total_tokens_per_s=200.0) | {"workload": "t"},
-        _row("a.b", kind="throughput", total_tokens_per_s=300.0) | {"workload": "t"},
-        _row("c.d", status="engine_error", error="boom (log: x.log)", log_path="x.log"),
-    ]):
+    for i, row in enumerate(
+        [
+            _row("baseline", avg_latency_ms=100.0),
+            _row("a.b", avg_latency_ms=80.0),
+            _row("baseline", kind="throughput", total_tokens_per_s=200.0) | {"workload": "t"},
+            _row("a.b", kind="throughput", total_tokens_per_s=300.0) | {"workload": "t"},
+            _row("c.d", status="engine_error", error="boom (log: x.log)", log_path="x.log"),
+        ]
+    ):
         path = tmp_path / f"{i}.parquet"
         write_table(e2e_table([row]), path)
         shards.append(path)
@@ -139,10 +174,20 @@ def test_cli_rejects_bad_e2e_input(tmp_path):
 def _greedy(tmp_path: Path, name: str, candidates: list[dict]) -> tuple[list, dict]:
     out, calls = tmp_path / f"{name}.json", tmp_path / f"calls-{name}"
     calls.mkdir()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_PLUGINS": "kb_nano",
-           ENV_CANDIDATES: json.dumps(candidates), ENV_CALLS_DIR: str(calls)}
-    proc = subprocess.run([sys.executable, str(REPO / "tests/vllm_greedy.py"), str(out)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_PLUGINS": "kb_nano",
+        ENV_CANDIDATES: json.dumps(candidates),
+        ENV_CALLS_DIR: str(calls),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests/vllm_greedy.py"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     totals: dict = {}
     for f in calls.glob("calls-*.json"):
@@ -156,9 +201,15 @@ def _greedy(tmp_path: Path, name: str, candidates: list[dict]) -> tuple[list, di
 def test_plugin_swaps_candidates_into_vllm(tmp_path):
     """Correct candidates run inside the engine (counters) and give the baseline's greedy
     tokens; a sign-flipped fused_add_rms_norm gives other tokens."""
-    correct = [{"id": cid, "path": str(REPO / "candidates" / f"{cid}.py")} for cid in
-               ("rms_norm/torch_fused", "fused_add_rms_norm/fp32_sum", "silu_and_mul/inplace",
-                "rotary_embedding/rotate_half")]
+    correct = [
+        {"id": cid, "path": str(REPO / "candidates" / f"{cid}.py")}
+        for cid in (
+            "rms_norm/torch_fused",
+            "fused_add_rms_norm/fp32_sum",
+            "silu_and_mul/inplace",
+            "rotary_embedding/rotate_half",
+        )
+    ]
     base_tokens, base_calls = _greedy(tmp_path, "baseline", [])
     assert base_calls == {}
     good_tokens, good_calls = _greedy(tmp_path, "correct", correct)
@@ -175,9 +226,26 @@ def test_plugin_swaps_candidates_into_vllm(tmp_path):
 @pytest.mark.slow
 def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     work = copy_workflow(tmp_path)
-    proc = kb_nano(work, "e2e", "latency", "--input-len", "16", "--output-len", "4", "--batch-size", "2",
-                   "--num-iters-warmup", "0", "--num-iters", "2", "--candidates", "rms_norm/torch_fused",
-                   "silu_and_mul/inplace", "--output-json", "results/my_e2e.json")
+    proc = kb_nano(
+        work,
+        "e2e",
+        "latency",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--batch-size",
+        "2",
+        "--num-iters-warmup",
+        "0",
+        "--num-iters",
+        "2",
+        "--candidates",
+        "rms_norm/torch_fused",
+        "silu_and_mul/inplace",
+        "--output-json",
+        "results/my_e2e.json",
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     doc = json.loads((work / "results/my_e2e.json").read_text())
     rows = {r["variant"]: r for r in doc["rows"]}
@@ -187,7 +255,9 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     calls = json.loads(rows[variant]["candidate_calls"])
     assert calls["rms_norm/torch_fused"]["calls"] > 0 and calls["silu_and_mul/inplace"]["calls"] > 0
     assert json.loads(rows["baseline"]["candidate_calls"]) == {}
-    assert rows[variant]["speedup"] == pytest.approx(rows["baseline"]["avg_latency_ms"] / rows[variant]["avg_latency_ms"])
+    assert rows[variant]["speedup"] == pytest.approx(
+        rows["baseline"]["avg_latency_ms"] / rows[variant]["avg_latency_ms"]
+    )
     vllm_doc = json.loads(Path(work / rows[variant]["vllm_json"]).read_text())
     assert set(vllm_doc) >= {"avg_latency", "latencies", "percentiles"}  # vLLM's own JSON
     assert "random (--load-format dummy)" in proc.stdout and "speedup" in proc.stdout
@@ -195,9 +265,28 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     # Editing one candidate reruns only the variant that holds it (and merge + MLflow).
     cand = work / "candidates/silu_and_mul/inplace.py"
     cand.write_text(cand.read_text() + "\n# edited by the e2e rerun test\n")
-    dry = kb_nano(work, "e2e", "latency", "--input-len", "16", "--output-len", "4", "--batch-size", "2",
-                  "--num-iters-warmup", "0", "--num-iters", "2", "--candidates", "rms_norm/torch_fused",
-                  "silu_and_mul/inplace", "--output-json", "results/my_e2e.json", "-n", "-v")
+    dry = kb_nano(
+        work,
+        "e2e",
+        "latency",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--batch-size",
+        "2",
+        "--num-iters-warmup",
+        "0",
+        "--num-iters",
+        "2",
+        "--candidates",
+        "rms_norm/torch_fused",
+        "silu_and_mul/inplace",
+        "--output-json",
+        "results/my_e2e.json",
+        "-n",
+        "-v",
+    )
     assert dry.returncode == 0, dry.stderr[-3000:]
     jobs = [ln for ln in dry.stdout.splitlines() if "output: results/e2e/" in ln]
     assert len(jobs) == 1 and variant in jobs[0], dry.stdout[-3000:]
@@ -211,9 +300,17 @@ def test_engine_failure_becomes_a_row(tmp_path):
     broken.mkdir()
     cfg = json.loads((work / TINY / "config.json").read_text())
     (broken / "config.json").write_text(json.dumps({**cfg, "architectures": ["NoSuchModelForCausalLM"]}))
-    (work / "e2e.yaml").write_text(yaml.safe_dump({"e2e": {
-        **yaml.safe_load((work / "config/config.yaml").read_text())["e2e"],
-        "models": ["config/models/kb-nano/broken"], "baseline_only": True}}))
+    (work / "e2e.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "e2e": {
+                    **yaml.safe_load((work / "config/config.yaml").read_text())["e2e"],
+                    "models": ["config/models/kb-nano/broken"],
+                    "baseline_only": True,
+                }
+            }
+        )
+    )
     proc = kb_nano(work, "e2e", "latency", "--configfile", "e2e.yaml", "--baseline", "--num-iters", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = json.loads((work / "results/e2e.json").read_text())["rows"]
@@ -238,14 +335,40 @@ def _job(tmp_path, candidates, timeout_s=600):
     from kb_nano.e2e.job import run
 
     m = e2e_plan.model(TINY, REPO)
-    model = {"key": m.key, "hub_id": None, "path": str(REPO / m.path), "tokenizer": str(REPO / m.tokenizer),
-             "load_format": m.load_format, "weights": m.weights}
-    status = run(model=model, tp=1, workload={"name": "l", "kind": "latency", "input_len": 8, "output_len": 2,
-                                              "batch_size": 1, "num_iters_warmup": 0, "num_iters": 1},
-                 variant="v", candidates=candidates,
-                 engine={"dtype": "auto", "max_model_len": 128, "enforce_eager": True, "seed": 0, "device": "cpu",
-                         "timeout_s": timeout_s},
-                 output=str(tmp_path / "row.parquet"), vllm_json=str(tmp_path / "vllm.json"), log=str(tmp_path / "job.log"))
+    model = {
+        "key": m.key,
+        "hub_id": None,
+        "path": str(REPO / m.path),
+        "tokenizer": str(REPO / m.tokenizer),
+        "load_format": m.load_format,
+        "weights": m.weights,
+    }
+    status = run(
+        model=model,
+        tp=1,
+        workload={
+            "name": "l",
+            "kind": "latency",
+            "input_len": 8,
+            "output_len": 2,
+            "batch_size": 1,
+            "num_iters_warmup": 0,
+            "num_iters": 1,
+        },
+        variant="v",
+        candidates=candidates,
+        engine={
+            "dtype": "auto",
+            "max_model_len": 128,
+            "enforce_eager": True,
+            "seed": 0,
+            "device": "cpu",
+            "timeout_s": timeout_s,
+        },
+        output=str(tmp_path / "row.parquet"),
+        vllm_json=str(tmp_path / "vllm.json"),
+        log=str(tmp_path / "job.log"),
+    )
     (row,) = pq.read_table(tmp_path / "row.parquet").to_pylist()
     assert row["status"] == status
     return row
@@ -279,19 +402,51 @@ def test_serve_reports_ttft_tpot_itl_and_stops_the_server(tmp_path, monkeypatch)
     from kb_nano.e2e.job import run
 
     m = e2e_plan.model(TINY, REPO)
-    model = {"key": m.key, "hub_id": None, "path": str(REPO / m.path), "tokenizer": str(REPO / m.tokenizer),
-             "load_format": m.load_format, "weights": m.weights}
-    status = run(model=model, tp=1, workload={"name": "s", "kind": "serve", "random_input_len": 16,
-                                              "random_output_len": 4, "num_prompts": 4, "max_concurrency": 2},
-                 variant="v", candidates=[cand],
-                 engine={"dtype": "auto", "max_model_len": 128, "enforce_eager": True, "seed": 0, "device": "cpu",
-                         "timeout_s": 600},
-                 output=str(tmp_path / "row.parquet"), vllm_json=str(tmp_path / "vllm.json"), log=str(tmp_path / "job.log"))
+    model = {
+        "key": m.key,
+        "hub_id": None,
+        "path": str(REPO / m.path),
+        "tokenizer": str(REPO / m.tokenizer),
+        "load_format": m.load_format,
+        "weights": m.weights,
+    }
+    status = run(
+        model=model,
+        tp=1,
+        workload={
+            "name": "s",
+            "kind": "serve",
+            "random_input_len": 16,
+            "random_output_len": 4,
+            "num_prompts": 4,
+            "max_concurrency": 2,
+        },
+        variant="v",
+        candidates=[cand],
+        engine={
+            "dtype": "auto",
+            "max_model_len": 128,
+            "enforce_eager": True,
+            "seed": 0,
+            "device": "cpu",
+            "timeout_s": 600,
+        },
+        output=str(tmp_path / "row.parquet"),
+        vllm_json=str(tmp_path / "vllm.json"),
+        log=str(tmp_path / "job.log"),
+    )
     (row,) = pq.read_table(tmp_path / "row.parquet").to_pylist()
     assert status == "ok", row["error"]
     assert row["num_requests"] == 4 and row["failed_requests"] == 0
-    for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "requests_per_s",
-                "output_tokens_per_s"):
+    for key in (
+        "mean_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "mean_itl_ms",
+        "mean_e2el_ms",
+        "requests_per_s",
+        "output_tokens_per_s",
+    ):
         assert row[key] > 0, key
     assert json.loads(row["candidate_calls"])["silu_and_mul/inplace"]["calls"] > 0  # in the server's engine
     assert "p99_e2el_ms" in json.loads((tmp_path / "vllm.json").read_text())  # vLLM's own result file
@@ -309,9 +464,16 @@ def test_e2e_mlflow_run_is_keyed_by_its_rows(tmp_path):
     vllm_json = tmp_path / "results/e2e/tiny-llama/tp1/w/a.b.json"
     vllm_json.parent.mkdir(parents=True)
     vllm_json.write_text(json.dumps({"avg_latency": 0.08}))
-    rows = [_row("baseline", avg_latency_ms=100.0),
-            _row("a.b+c.d", avg_latency_ms=80.0, candidates="a/b,c/d", vllm_json=str(vllm_json),
-                 candidate_sha256=json.dumps({"a/b": "1", "c/d": "2"}))]
+    rows = [
+        _row("baseline", avg_latency_ms=100.0),
+        _row(
+            "a.b+c.d",
+            avg_latency_ms=80.0,
+            candidates="a/b,c/d",
+            vllm_json=str(vllm_json),
+            candidate_sha256=json.dumps({"a/b": "1", "c/d": "2"}),
+        ),
+    ]
     shards = []
     for i, r in enumerate(rows):
         shards.append(tmp_path / f"{i}.parquet")

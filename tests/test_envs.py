@@ -13,7 +13,6 @@ import sys
 import tomllib
 
 import yaml
-
 from workflow_helpers import REPO
 
 ENV = REPO / "envs/kb_nano.yaml"
@@ -84,4 +83,4 @@ def test_e2e_env_is_the_main_env_plus_the_e2e_extra():
     (vllm_pin,) = pyproject["project"]["optional-dependencies"]["e2e"]
     name, _, version = vllm_pin.partition("==")
     assert e2e == {**main, name: version}
-    assert 'conda:\n        ENV_E2E' in (REPO / "workflow/rules/e2e.smk").read_text()
+    assert "conda:\n        ENV_E2E" in (REPO / "workflow/rules/e2e.smk").read_text()

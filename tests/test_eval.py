@@ -6,26 +6,36 @@ import json
 
 import pandas as pd
 import pytest
+from workflow_helpers import copy_workflow, kb_nano
 
 from kb_nano.errors import KbNanoError
 from kb_nano.eval import plan as eval_plan
-from workflow_helpers import copy_workflow, kb_nano
 
 
 def test_fixed_workloads_are_the_standard_ones():
     w = {x.name: x for x in eval_plan.workloads()}
     assert list(w) == ["prefill-heavy", "balanced", "decode-heavy", "single-request", "fixed-batch-32"]
-    assert (w["prefill-heavy"].random_input_len, w["prefill-heavy"].random_output_len, w["prefill-heavy"].num_prompts) == (1024, 512, 1000)
+    assert (
+        w["prefill-heavy"].random_input_len,
+        w["prefill-heavy"].random_output_len,
+        w["prefill-heavy"].num_prompts,
+    ) == (1024, 512, 1000)
     assert (w["balanced"].random_input_len, w["balanced"].random_output_len) == (512, 512)
     assert (w["decode-heavy"].random_input_len, w["decode-heavy"].random_output_len) == (512, 1024)
-    assert (w["single-request"].batch_size, w["single-request"].input_len, w["single-request"].output_len) == (1, 128, 128)
+    assert (w["single-request"].batch_size, w["single-request"].input_len, w["single-request"].output_len) == (
+        1,
+        128,
+        128,
+    )
     assert (w["fixed-batch-32"].batch_size, w["fixed-batch-32"].kind) == (32, "latency")
     assert eval_plan.max_model_len(list(w.values())) == 1536
 
 
 def test_smoke_scales_down_and_is_recorded_in_the_names():
     w = {x.name: x for x in eval_plan.workloads(smoke=True)}
-    assert list(w) == [n + ".smoke" for n in ("prefill-heavy", "balanced", "decode-heavy", "single-request", "fixed-batch-32")]
+    assert list(w) == [
+        n + ".smoke" for n in ("prefill-heavy", "balanced", "decode-heavy", "single-request", "fixed-batch-32")
+    ]
     assert (w["prefill-heavy.smoke"].random_input_len, w["prefill-heavy.smoke"].num_prompts) == (64, 16)
     assert w["fixed-batch-32.smoke"].batch_size == 32 and w["fixed-batch-32.smoke"].num_iters == 3
     with pytest.raises(KbNanoError, match="only with --smoke"):
@@ -56,7 +66,9 @@ def work(tmp_path_factory):
 
 def _job_count(out) -> int:
     """e2e_bench jobs in Snakemake's dry-run job stats (on stdout or stderr)."""
-    return int(next(line.split()[1] for line in (out.stdout + out.stderr).splitlines() if line.startswith("e2e_bench ")))
+    return int(
+        next(line.split()[1] for line in (out.stdout + out.stderr).splitlines() if line.startswith("e2e_bench "))
+    )
 
 
 def test_dry_run_shows_the_standard_job_set(work):

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
+from workflow_helpers import REPO, copy_workflow, kb_nano
 
 from kb_nano.golden import GoldenMismatch, capture, golden_inputs
 from kb_nano.operators.attention import Attention
 from kb_nano.operators.base import normal
-from workflow_helpers import REPO, copy_workflow, kb_nano
 
 P, L, H, KV, D = 3, 16, 8, 2, 64
 
@@ -28,18 +28,29 @@ def _synthetic(tmp_path: Path) -> dict:
         tensors[f"layer{layer}.key"] = torch.randn(P, L, KV, D, generator=g).to(torch.bfloat16)
         tensors[f"layer{layer}.value"] = torch.randn(P, L, KV, D, generator=g).to(torch.bfloat16)
     save_file(tensors, str(tmp_path / "attention.safetensors"))
-    (tmp_path / "attention.json").write_text(json.dumps({"file": "attention.safetensors", "layers": [0, 1], "sha256": "x"}))
+    (tmp_path / "attention.json").write_text(
+        json.dumps({"file": "attention.safetensors", "layers": [0, 1], "sha256": "x"})
+    )
     return tensors
 
 
 def _scenario(num_heads, num_kv_heads, n, context_len=None):
-    specs = [normal("query", [n, num_heads * D], "bfloat16"), normal("key", [n, num_kv_heads * D], "bfloat16"),
-             normal("value", [n, num_kv_heads * D], "bfloat16")]
+    specs = [
+        normal("query", [n, num_heads * D], "bfloat16"),
+        normal("key", [n, num_kv_heads * D], "bfloat16"),
+        normal("value", [n, num_kv_heads * D], "bfloat16"),
+    ]
     if context_len is not None:
-        specs += [normal("key_cache", [n, context_len, num_kv_heads, D], "bfloat16"),
-                  normal("value_cache", [n, context_len, num_kv_heads, D], "bfloat16")]
-    return {"scenario_id": "attention__x", "target": "attention", "inputs": specs,
-            "init_args": {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_size": D, "scale": D**-0.5}}
+        specs += [
+            normal("key_cache", [n, context_len, num_kv_heads, D], "bfloat16"),
+            normal("value_cache", [n, context_len, num_kv_heads, D], "bfloat16"),
+        ]
+    return {
+        "scenario_id": "attention__x",
+        "target": "attention",
+        "inputs": specs,
+        "init_args": {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_size": D, "scale": D**-0.5},
+    }
 
 
 def test_prefill_inputs_are_the_first_tokens_of_one_prompt_and_rank0_heads(tmp_path):
@@ -73,12 +84,27 @@ def test_decode_from_golden_equals_the_prefill_row_at_that_position(tmp_path):
 
 
 TINY_MOE = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 64,
-    "intermediate_size": 128, "moe_intermediate_size": 32, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 3, "num_experts": 8,
-    "num_experts_per_tok": 2, "norm_topk_prob": True, "vocab_size": 300, "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 1024, "rope_theta": 10000.0, "hidden_act": "silu",
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 3,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "vocab_size": 300,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 1024,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
 }
 
 
@@ -93,8 +119,12 @@ def test_capture_of_a_moe_model_writes_router_logits_attention_and_logits(tmp_pa
     assert side["prompts"]["tokenization"] == "utf8-bytes"
     assert side["sha256"] == hashlib.sha256((tmp_path / "fused_moe.safetensors").read_bytes()).hexdigest()
     assert json.loads((tmp_path / "sampler.json").read_text())["tensors"]["logits"]["shape"] == [4 * 16, 300]
-    scenario = {"scenario_id": "fused_moe__x", "target": "fused_moe", "init_args": {},
-                "inputs": [normal("hidden_states", [64, 64], "bfloat16"), normal("router_logits", [64, 8], "bfloat16")]}
+    scenario = {
+        "scenario_id": "fused_moe__x",
+        "target": "fused_moe",
+        "init_args": {},
+        "inputs": [normal("hidden_states", [64, 64], "bfloat16"), normal("router_logits", [64, 8], "bfloat16")],
+    }
     got = golden_inputs(scenario, {"path": str(tmp_path / "fused_moe.json")}, tmp_path, "cpu", draw=0)
     assert got["router_logits"].shape == (64, 8) and torch.isfinite(got["router_logits"].float()).all()
     # the captured router logits are real: different tokens route to different experts
@@ -104,8 +134,21 @@ def test_capture_of_a_moe_model_writes_router_logits_attention_and_logits(tmp_pa
 @pytest.mark.slow
 def test_capture_golden_cli_is_deterministic_and_feeds_attention_rows(tmp_path):
     work = copy_workflow(tmp_path)
-    run = ["kernels", "--target", "attention", "--model", "qwen3-8b", "--tp", "4", "--num-tokens", "1",
-           "--num-warmup", "0", "--num-runs", "2"]
+    run = [
+        "kernels",
+        "--target",
+        "attention",
+        "--model",
+        "qwen3-8b",
+        "--tp",
+        "4",
+        "--num-tokens",
+        "1",
+        "--num-warmup",
+        "0",
+        "--num-runs",
+        "2",
+    ]
     before = kb_nano(work, *run)
     assert before.returncode == 0, before.stderr
     rows = pd.read_parquet(work / "results/kernels.parquet")
@@ -114,7 +157,12 @@ def test_capture_golden_cli_is_deterministic_and_feeds_attention_rows(tmp_path):
     out = kb_nano(work, "capture-golden", "--model", "Qwen/Qwen3-8B")
     assert out.returncode == 0, out.stderr
     gdir = work / "results/golden/qwen3-8b"
-    assert sorted(p.name for p in gdir.glob("[!.]*")) == ["attention.json", "attention.safetensors", "sampler.json", "sampler.safetensors"]
+    assert sorted(p.name for p in gdir.glob("[!.]*")) == [
+        "attention.json",
+        "attention.safetensors",
+        "sampler.json",
+        "sampler.safetensors",
+    ]
     side = json.loads((gdir / "attention.json").read_text())
     assert side["model"] == "qwen3-8b" and side["hub_id"] == "Qwen/Qwen3-8B"
     assert side["num_hidden_layers"] == {"captured": 2, "model": 36}

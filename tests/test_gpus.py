@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from workflow_helpers import copy_workflow, kb_nano, snakemake
 
 from kb_nano import gpus
 from kb_nano.errors import KbNanoError
 from kb_nano.schema import SCHEMA_VERSION
-from workflow_helpers import copy_workflow, kb_nano, snakemake
 
 HOLDER = """
 import json, sys, time
@@ -35,7 +35,9 @@ Path(record).write_text(json.dumps({"ids": ids, "start": start, "end": end}))
 
 def _holder(tmp_path: Path, name: str, n: int, hold_s: float, pool: str) -> tuple[subprocess.Popen, Path]:
     record = tmp_path / f"{name}.json"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "locks"), str(n), str(hold_s), str(record), pool])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / "locks"), str(n), str(hold_s), str(record), pool]
+    )
     return proc, record
 
 
@@ -155,8 +157,12 @@ def _gpu_workflow(tmp_path: Path, count: int) -> Path:
 
 
 def _lease_log(work: Path) -> list[tuple[str, float, float]]:
-    lines = [ln[len("LEASE "):] for log in sorted((work / "results/logs/kernels/silu_and_mul").glob("sleepy*/*.log"))
-             for ln in log.read_text().splitlines() if ln.startswith("LEASE ")]
+    lines = [
+        ln[len("LEASE ") :]
+        for log in sorted((work / "results/logs/kernels/silu_and_mul").glob("sleepy*/*.log"))
+        for ln in log.read_text().splitlines()
+        if ln.startswith("LEASE ")
+    ]
     return [(r["id"], r["start"], r["end"]) for r in map(json.loads, lines)]
 
 
@@ -200,7 +206,9 @@ def test_gpu_pool_flag_bounds_jobs_and_devices(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_cpu_jobs_lease_nothing(tmp_path, monkeypatch):
-    work = copy_workflow(tmp_path, {"targets": ["silu_and_mul"], "candidates": ["silu_and_mul/inplace"], "device": "cpu"})
+    work = copy_workflow(
+        tmp_path, {"targets": ["silu_and_mul"], "candidates": ["silu_and_mul/inplace"], "device": "cpu"}
+    )
     monkeypatch.setenv("KB_NANO_GPU_IDS", "0")
     snakemake(work)
     df = pd.read_parquet(work / "results/kernels.parquet")

@@ -121,7 +121,10 @@ def test_mlflow_ui_serves_the_runs_on_loopback(store):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kb_nano.cli", "mlflow-ui", "--tracking-uri", uri, "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True).start()
@@ -139,8 +142,9 @@ def test_mlflow_ui_serves_the_runs_on_loopback(store):
         wait_http(url + "health", timeout_s=10)
         with urllib.request.urlopen(url, timeout=10) as resp:  # the UI page itself
             assert resp.status == 200 and "html" in resp.headers.get("Content-Type", "")
-        with urllib.request.urlopen(url + "api/2.0/mlflow/experiments/get-by-name?experiment_name=kb_nano/kernels",
-                                    timeout=10) as resp:
+        with urllib.request.urlopen(
+            url + "api/2.0/mlflow/experiments/get-by-name?experiment_name=kb_nano/kernels", timeout=10
+        ) as resp:
             exp_id = json.load(resp)["experiment"]["experiment_id"]
         req = urllib.request.Request(
             url + "api/2.0/mlflow/runs/search",

@@ -24,8 +24,20 @@ from kb_nano.manifest import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-L1_L2 = {"rms_norm", "fused_add_rms_norm", "qk_norm", "silu_and_mul", "gelu_and_mul", "rotary_embedding", "embedding",
-         "lm_head", "sampler", "attention", "mlp", "fused_moe"}
+L1_L2 = {
+    "rms_norm",
+    "fused_add_rms_norm",
+    "qk_norm",
+    "silu_and_mul",
+    "gelu_and_mul",
+    "rotary_embedding",
+    "embedding",
+    "lm_head",
+    "sampler",
+    "attention",
+    "mlp",
+    "fused_moe",
+}
 MODELS = ["llama31-8b", "qwen25-7b"]
 TPS = [1, 4, 8]
 NUM_TOKENS = [1, 64]
@@ -60,8 +72,10 @@ def test_top_level(manifest):
 def test_scenario_ids_stable_and_unique(manifest):
     assert scenario_id("rms_norm", "llama31-8b", 4, 64) == "rms_norm__llama31-8b__tp4__n64"
     ids = [s["scenario_id"] for s in manifest["scenarios"]]
-    variants = {m: sum(len(operators.get(n).variants(facts(m), {"context_lens": None})) for n in operators.names())
-                for m in MODELS}
+    variants = {
+        m: sum(len(operators.get(n).variants(facts(m), {"context_lens": None})) for n in operators.names())
+        for m in MODELS
+    }
     assert len(ids) == len(set(ids)) == sum(variants.values()) * len(TPS) * len(NUM_TOKENS)
     # order: model, operator (catalog order), tp, num_tokens
     assert ids[:4] == [
@@ -173,8 +187,11 @@ def test_not_applicable_scenarios_keep_a_reason(manifest):
     assert s["silu_and_mul__qwen25-7b__tp8__n1"]["applicable"] is True
     assert s["silu_and_mul__qwen25-7b__tp8__n1"]["inputs"][0]["shape"] == [1, 2 * 18944 // 8]
     assert s["rotary_embedding__qwen25-7b__tp4__n1"]["applicable"] is True
-    not_applicable = [sc["scenario_id"] for sc in manifest["scenarios"]
-                      if not sc["applicable"] and sc["target"] in L1_L2 and "does not use" not in sc["reason"]]
+    not_applicable = [
+        sc["scenario_id"]
+        for sc in manifest["scenarios"]
+        if not sc["applicable"] and sc["target"] in L1_L2 and "does not use" not in sc["reason"]
+    ]
     assert not_applicable == [
         "rotary_embedding__qwen25-7b__tp8__n1",
         "rotary_embedding__qwen25-7b__tp8__n64",
@@ -235,8 +252,11 @@ def test_variant_scenarios_attention_decode():
     assert "variant" not in prefill and "context_len" not in prefill
     assert (decode["variant"], decode["context_len"]) == ("ctx1024", 1024)
     assert {i["name"]: i["shape"] for i in decode["inputs"]} == {
-        "query": [8, 4096], "key": [8, 1024], "value": [8, 1024],
-        "key_cache": [8, 1024, 8, 128], "value_cache": [8, 1024, 8, 128],
+        "query": [8, 4096],
+        "key": [8, 1024],
+        "value": [8, 1024],
+        "key_cache": [8, 1024, 8, 128],
+        "value_cache": [8, 1024, 8, 128],
     }
     assert s["attention__llama31-8b__tp1__n8__ctx4096"]["bytes_moved"] > decode["bytes_moved"]
     # variants only where an operator declares them: other ids are unchanged
@@ -255,8 +275,11 @@ def test_scenarios_record_operator_tolerance(manifest):
 
 
 def test_floats_and_strings_survive_json_and_yaml_readers():
-    m = {"schema_version": 1, "models": {"x": {"eps": 1e-05, "theta": 1e16, "scale": 1.5e-05, "neg": -2e-07}},
-         "scenarios": [{"scenario_id": 'a"1e5 2e-3', "sha": "3e5c", "atol": 0.01}]}
+    m = {
+        "schema_version": 1,
+        "models": {"x": {"eps": 1e-05, "theta": 1e16, "scale": 1.5e-05, "neg": -2e-07}},
+        "scenarios": [{"scenario_id": 'a"1e5 2e-3', "sha": "3e5c", "atol": 0.01}],
+    }
     text = dumps(m)
     assert json.loads(text) == m
     assert yaml.safe_load(text) == m

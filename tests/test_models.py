@@ -48,8 +48,11 @@ def make_root(tmp_path: Path, index: str | None = None) -> Path:
 
 def test_short_key():
     ref = resolve("llama31-8b", ROOT)
-    assert ref == ModelRef("llama31-8b", "meta-llama/Llama-3.1-8B-Instruct",
-                           Path("config/models/meta-llama/Llama-3.1-8B-Instruct/config.json"))
+    assert ref == ModelRef(
+        "llama31-8b",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        Path("config/models/meta-llama/Llama-3.1-8B-Instruct/config.json"),
+    )
     assert not ref.config_path.is_absolute()  # portable in the manifest
     assert (ROOT / ref.config_path).is_file()
 
@@ -71,11 +74,14 @@ def test_exact_key_wins_over_prefix():
     assert resolve("qwen3-8b", ROOT).key == "qwen3-8b"
 
 
-@pytest.mark.parametrize("spec,matches", [
-    ("llama3", ["llama31-70b", "llama31-8b", "llama32-1b"]),
-    ("llama31", ["llama31-70b", "llama31-8b"]),
-    ("qwen3", ["qwen3-30b-a3b", "qwen3-8b"]),
-])
+@pytest.mark.parametrize(
+    "spec,matches",
+    [
+        ("llama3", ["llama31-70b", "llama31-8b", "llama32-1b"]),
+        ("llama31", ["llama31-70b", "llama31-8b"]),
+        ("qwen3", ["qwen3-30b-a3b", "qwen3-8b"]),
+    ],
+)
 def test_ambiguous_prefix(spec, matches):
     with pytest.raises(KbNanoError) as exc:
         resolve(spec, ROOT)
@@ -96,8 +102,9 @@ def test_vendored_hub_id_not_in_index(tmp_path):
     extra.mkdir(parents=True)
     shutil.copy(QWEN3_JSON, extra / "config.json")
     ref = resolve("acme/Tiny-Llama-0.1B", root)
-    assert ref == ModelRef("tiny-llama-0.1b", "acme/Tiny-Llama-0.1B",
-                           Path("config/models/acme/Tiny-Llama-0.1B/config.json"))
+    assert ref == ModelRef(
+        "tiny-llama-0.1b", "acme/Tiny-Llama-0.1B", Path("config/models/acme/Tiny-Llama-0.1B/config.json")
+    )
     assert load_config(ref, root).model_type == "qwen3"
 
 
@@ -170,13 +177,16 @@ def test_index_entry_without_vendored_config(tmp_path):
     assert "acme/Ghost-1B" in msg and "does not exist" in msg
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("llama: [unclosed\n", "not valid YAML"),
-    ("- a\n- b\n", "must map"),
-    ("llama: 3\n", "must map"),
-    ("Llama_8B: meta-llama/Llama-3.1-8B-Instruct\n", "lowercase"),
-    ("a__b: meta-llama/Llama-3.1-8B-Instruct\n", "lowercase"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("llama: [unclosed\n", "not valid YAML"),
+        ("- a\n- b\n", "must map"),
+        ("llama: 3\n", "must map"),
+        ("Llama_8B: meta-llama/Llama-3.1-8B-Instruct\n", "lowercase"),
+        ("a__b: meta-llama/Llama-3.1-8B-Instruct\n", "lowercase"),
+    ],
+)
 def test_bad_index(tmp_path, text, needle):
     root = make_root(tmp_path, index=text)
     with pytest.raises(KbNanoError) as exc:
@@ -275,8 +285,10 @@ def test_facts_dtype_defaults_to_bfloat16(tmp_path):
     raw = json.loads(QWEN3_JSON.read_text())
     del raw["torch_dtype"]
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    assert model_facts(load_config(resolve(str(tmp_path), ROOT), ROOT), resolve(str(tmp_path), ROOT))["dtype"] \
+    assert (
+        model_facts(load_config(resolve(str(tmp_path), ROOT), ROOT), resolve(str(tmp_path), ROOT))["dtype"]
         == "bfloat16"
+    )
 
 
 @pytest.mark.parametrize("field", ["intermediate_size", "rms_norm_eps", "vocab_size", "hidden_size"])

@@ -12,10 +12,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
-
-from kb_nano.schema import SCHEMA_VERSION
 import pytest
 import yaml
+
+from kb_nano.schema import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
@@ -48,8 +48,11 @@ def _fake_smi(out: Path) -> Path:
     lines = ["timestamp, index, utilization.gpu [%], memory.used [MiB]"]
     for run in runs.itertuples():
         rows = pd.read_parquet(out / run.parquet)
-        spans = [(g, pd.Timestamp(r.started_at).timestamp(), pd.Timestamp(r.ended_at).timestamp())
-                 for r in rows.itertuples() for g in r.gpu_ids.split(",")]
+        spans = [
+            (g, pd.Timestamp(r.started_at).timestamp(), pd.Timestamp(r.ended_at).timestamp())
+            for r in rows.itertuples()
+            for g in r.gpu_ids.split(",")
+        ]
         t = run.start_epoch
         while t <= run.end_epoch:
             t_ms = math.floor(t * 1000) / 1000  # the sample's time as its (ms) stamp says, so the report sees the same
@@ -75,10 +78,17 @@ def test_multi_gpu_run_and_report_on_a_fake_pool(tmp_path):
         "KB_NANO_SWEEP_CONFIGS": f"config/sweeps/multi_gpu.yaml {tmp_path / 'tiny.yaml'}",
     }
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run(["bash", "bench/multi_gpu.sh", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", "bench/multi_gpu.sh", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "MULTI_GPU.md", "kernels_gpu1.parquet", "kernels_gpu4.parquet", "logs.tar.gz", "machine.txt", "runs.tsv",
+        "MULTI_GPU.md",
+        "kernels_gpu1.parquet",
+        "kernels_gpu4.parquet",
+        "logs.tar.gz",
+        "machine.txt",
+        "runs.tsv",
     ]
     runs = pd.read_csv(out / "runs.tsv", sep="\t")
     assert runs["gpus"].tolist() == [4, 1] and (runs["exit_code"] == 0).all() and (runs["complete"] == 1).all()
@@ -92,7 +102,9 @@ def test_multi_gpu_run_and_report_on_a_fake_pool(tmp_path):
     md = (out / "MULTI_GPU.md").read_text()
     assert "Wall-time ratio gpu=1 / gpu=4" in md
     assert "gpu=4: 8 device leases checked: no two overlapping" in md
-    summary = [_cells(line) for line in md.split("## Sweeps")[1].split("Wall-time")[0].splitlines() if line.startswith("|")]
+    summary = [
+        _cells(line) for line in md.split("## Sweeps")[1].split("Wall-time")[0].splitlines() if line.startswith("|")
+    ]
     sweeps = {cells[0]: dict(zip(summary[0], cells)) for cells in summary[2:]}
     # --cores all on CI's 2 cores: two jobs at once on distinct ids, so the check above is not vacuous
     assert int(sweeps["--resources gpu=4"]["max concurrent jobs"]) >= 2

@@ -492,8 +492,9 @@ def test_make_tensor_is_seeded_and_typed():
     spec = {"name": "x", "shape": [3, 4], "dtype": "bfloat16", "init": {"dist": "normal", "std": 2.0}}
     a, b = make_tensor(spec, gen(5), "cpu"), make_tensor(spec, gen(5), "cpu")
     assert a.dtype == torch.bfloat16 and a.shape == (3, 4) and torch.equal(a, b)
-    ids = make_tensor({"name": "i", "shape": [100], "dtype": "int64", "init": {"dist": "randint", "low": 3, "high": 7}},
-                      gen(0), "cpu")
+    ids = make_tensor(
+        {"name": "i", "shape": [100], "dtype": "int64", "init": {"dist": "randint", "low": 3, "high": 7}}, gen(0), "cpu"
+    )
     assert ids.dtype == torch.int64 and int(ids.min()) >= 3 and int(ids.max()) < 7
     with pytest.raises(ValueError, match="laplace"):
         make_tensor({"name": "x", "shape": [1], "dtype": "float32", "init": {"dist": "laplace"}}, gen(0), "cpu")

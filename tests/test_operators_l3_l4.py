@@ -141,7 +141,9 @@ LAYER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("hub_id,layer_cls,rotary_cls,tp", LAYER_CASES, ids=[f"{c[0].split('/')[1]}-tp{c[3]}" for c in LAYER_CASES])
+@pytest.mark.parametrize(
+    "hub_id,layer_cls,rotary_cls,tp", LAYER_CASES, ids=[f"{c[0].split('/')[1]}-tp{c[3]}" for c in LAYER_CASES]
+)
 def test_decoder_layer_equals_transformers(hub_id, layer_cls, rotary_cls, tp):
     config = raw(hub_id)
     torch.manual_seed(0)
@@ -339,8 +341,17 @@ def test_rules_work_from_facts_alone():
     assert args["config"] == config_from_facts(facts)
     real = op.init_args({**facts, "hf_config": raw("Qwen/Qwen3-8B")}, 4)
     a, b = hf_config(args["config"], 4), hf_config(real["config"], 4)
-    for field in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                  "rms_norm_eps", "hidden_act", "vocab_size", "max_position_embeddings"):
+    for field in (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "hidden_act",
+        "vocab_size",
+        "max_position_embeddings",
+    ):
         assert getattr(a, field) == getattr(b, field), field
     assert a.rope_parameters == b.rope_parameters
     specs = op.inputs(args, facts, 4, 3, "bfloat16")
@@ -365,8 +376,12 @@ def _errors(base, cand, inputs):
     """(candidate vs bf16 baseline, bf16 baseline vs float64, candidate vs float64) max-abs errors."""
     with torch.inference_mode():
         truth = copy.deepcopy(base).double()(*[t.double() if t.is_floating_point() else t for t in inputs])
-        b = copy.deepcopy(base).to(torch.bfloat16)(*[t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs])
-        c = copy.deepcopy(cand).to(torch.bfloat16)(*[t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs])
+        b = copy.deepcopy(base).to(torch.bfloat16)(
+            *[t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
+        )
+        c = copy.deepcopy(cand).to(torch.bfloat16)(
+            *[t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
+        )
     err = lambda x, y: float((x.double() - y.double()).abs().max())  # noqa: E731
     return err(c, b), err(b, truth), err(c, truth)
 
@@ -421,8 +436,15 @@ def test_measure_rows_for_l3_l4(tmp_path):
         "model__tiny-llama__tp1__n16",
         "model__tiny-llama__tp2__n16",
     ]
-    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1,
-                "timeout_s": 300}
+    settings = {
+        "device": "cpu",
+        "atol": None,
+        "rtol": None,
+        "num_warmup": 1,
+        "num_runs": 3,
+        "num_threads": 1,
+        "timeout_s": 300,
+    }
     for sid, path, target in (
         ("decoder_layer__tiny-llama__tp2__n16", LAYER_CANDIDATE, "decoder_layer"),
         ("model__tiny-llama__tp1__n16", MODEL_CANDIDATE, "model"),

@@ -67,8 +67,13 @@ def test_sweep_is_logged_once_per_result_set_and_reported(workdir):
     assert runs[0]["candidates"] == ["rms_norm/torch_fused", "rms_norm/triton_rowwise"]
     client = tracking.client(uri)
     arts = {a.path for d in ("results", "plots", "inputs") for a in client.list_artifacts(marker["run_id"], d)}
-    assert {"results/kernels.parquet", "results/kernels.json", "plots/kernels_speedup.png",
-            "plots/kernels_bandwidth.png", "inputs/llm.yaml"} <= arts
+    assert {
+        "results/kernels.parquet",
+        "results/kernels.json",
+        "plots/kernels_speedup.png",
+        "plots/kernels_bandwidth.png",
+        "inputs/llm.yaml",
+    } <= arts
 
     # Unchanged inputs: nothing to do, and forcing the log rule keeps the run.
     assert "Nothing to be done" in _snakemake(root).stderr
@@ -78,16 +83,28 @@ def test_sweep_is_logged_once_per_result_set_and_reported(workdir):
     assert len(history.list_runs(uri)) == 1
 
     # `kb_nano history` (the CLI) shows it.
-    out = subprocess.run([sys.executable, "-m", "kb_nano.cli", "history"], cwd=root, env=_env(root),
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "kb_nano.cli", "history"],
+        cwd=root,
+        env=_env(root),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert marker["run_id"][:12] in out.stdout and "rms_norm/torch_fused" in out.stdout
 
     # One edited candidate -> its jobs rerun -> exactly one new run (through `kb_nano kernels`).
     cand = root / "candidates/rms_norm/torch_fused.py"
     cand.write_text(cand.read_text() + "\n# edited by the test\n")
-    out = subprocess.run([sys.executable, "-m", "kb_nano.cli", "kernels", "--configfile", "tiny.yaml", "--cores", "2"],
-                         cwd=root, env=_env(root), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "kb_nano.cli", "kernels", "--configfile", "tiny.yaml", "--cores", "2"],
+        cwd=root,
+        env=_env(root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     assert "MLflow: new run" in out.stdout
     runs = history.list_runs(uri)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from slurm_cluster import GPU_TYPE, NODE, PARTITION, LocalSlurmCluster, SlurmUnavailable
 from workflow_helpers import copy_workflow, snakemake
 
@@ -26,8 +25,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 # Options for this test cluster only (no accounting, jobs of a few seconds); the
 # profile itself is used as shipped.
 CLUSTER_ARGS = (
-    "--slurm-status-command", "squeue",
-    "--slurm-init-seconds-before-status-checks", "2",
+    "--slurm-status-command",
+    "squeue",
+    "--slurm-init-seconds-before-status-checks",
+    "2",
 )
 # the same rows either way (errors depend on the measurement's seed, drawn from the OS each time)
 DETERMINISTIC = ["scenario_id", "candidate", "status", "device", "sandbox"]
@@ -74,11 +75,20 @@ def _rows(workdir: Path) -> pd.DataFrame:
 def _run(cluster: LocalSlurmCluster, workdir: Path, cmd: list[str]) -> subprocess.CompletedProcess:
     """Run ``cmd`` in ``workdir`` as a client of ``cluster``; on failure the assertion
     carries its output and the SLURM jobs' logs."""
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True,
-                          env={**cluster.env(), "KB_NANO_ROOT": str(workdir), "COLUMNS": "200"})
+    proc = subprocess.run(
+        cmd,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env={**cluster.env(), "KB_NANO_ROOT": str(workdir), "COLUMNS": "200"},
+    )
     if proc.returncode:
-        job_logs = "".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted((workdir / ".snakemake/slurm_logs").rglob("*.log")))
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}\n{job_logs}")
+        job_logs = "".join(
+            f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted((workdir / ".snakemake/slurm_logs").rglob("*.log"))
+        )
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}\n{job_logs}"
+        )
     return proc
 
 
@@ -105,8 +115,11 @@ def test_sweep_through_sbatch_matches_local_run(cluster, tmp_path):
     snakemake(local)
 
     remote = _workdir(tmp_path / "slurm")
-    _run(cluster, remote, [sys.executable, "-m", "snakemake", "--profile", "profiles/slurm",
-                           "--configfile", "small.yaml", *CLUSTER_ARGS])
+    _run(
+        cluster,
+        remote,
+        [sys.executable, "-m", "snakemake", "--profile", "profiles/slurm", "--configfile", "small.yaml", *CLUSTER_ARGS],
+    )
 
     # small.yaml: rms_norm and silu_and_mul on one scenario each, two candidates each;
     # device auto -> kernel_bench declares gpu=1 -> sbatch --gpus=1
@@ -121,10 +134,28 @@ def test_sweep_through_sbatch_matches_local_run(cluster, tmp_path):
 
 def test_cli_passthrough_with_gpu_model(cluster, tmp_path):
     workdir = _workdir(tmp_path / "cli")
-    proc = _run(cluster, workdir, [sys.executable, "-m", "kb_nano.cli", "kernels", "--configfile", "small.yaml",
-                                   "--target", "rms_norm", "--", "--profile", "profiles/slurm", *CLUSTER_ARGS,
-                                   "--resources", "gpu=1",
-                                   "--set-resources", f"kernel_bench:gpu_model={GPU_TYPE}"])
+    proc = _run(
+        cluster,
+        workdir,
+        [
+            sys.executable,
+            "-m",
+            "kb_nano.cli",
+            "kernels",
+            "--configfile",
+            "small.yaml",
+            "--target",
+            "rms_norm",
+            "--",
+            "--profile",
+            "profiles/slurm",
+            *CLUSTER_ARGS,
+            "--resources",
+            "gpu=1",
+            "--set-resources",
+            f"kernel_bench:gpu_model={GPU_TYPE}",
+        ],
+    )
     _check_jobs(cluster, workdir, 2, f"gres:gpu:{GPU_TYPE}:1")
     # set-resource-scopes gpu=local: the --resources gpu=1 cap is per submitted job, so
     # both GPU jobs were queued before either finished (a global cap would submit one).
@@ -135,4 +166,3 @@ def test_cli_passthrough_with_gpu_model(cluster, tmp_path):
     assert last_submit < first_done
     assert "2 rows" in proc.stdout, proc.stdout
     assert set(_rows(workdir)["candidate"]) == {"rms_norm/torch_fused", "rms_norm/triton_rowwise"}
-

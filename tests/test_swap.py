@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 from kb_nano import operators  # noqa: E402
 from kb_nano.candidates import discover, load_class  # noqa: E402
 from kb_nano.e2e import swap  # noqa: E402
-from kb_nano.e2e.swap import SubsumptionWarning, Subsumed, SwapError  # noqa: E402
+from kb_nano.e2e.swap import Subsumed, SubsumptionWarning, SwapError  # noqa: E402
 from kb_nano.e2e.swap_matches import Match, active_matches  # noqa: E402
 from kb_nano.errors import KbNanoError  # noqa: E402
 from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
@@ -33,8 +33,17 @@ RMS = "rms_norm/torch_fused"
 LAYER = "decoder_layer/sdpa_fused"
 MODEL = "model/sdpa"
 
-SMALL = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             num_hidden_layers=2, vocab_size=300, max_position_embeddings=512, rms_norm_eps=1e-5)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=160,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_hidden_layers=2,
+    vocab_size=300,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+)
 
 
 def hf_llama() -> nn.Module:
@@ -67,8 +76,17 @@ def ids(batch=2, seq=9):
 class FusedMLP(nn.Module):
     """An inline ``mlp`` candidate: kb-nano's LlamaMLP signature and vLLM keys."""
 
-    def __init__(self, hidden_size, intermediate_size, hidden_act, quant_config=None, bias=False, prefix="",
-                 reduce_results=True, tp_size=1):
+    def __init__(
+        self,
+        hidden_size,
+        intermediate_size,
+        hidden_act,
+        quant_config=None,
+        bias=False,
+        prefix="",
+        reduce_results=True,
+        tp_size=1,
+    ):
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size // tp_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size // tp_size, hidden_size, bias=bias)
@@ -121,8 +139,10 @@ def test_qwen3_qk_norms_are_subsumed_too():
     result, warned = record(lambda: swap.apply(model, [CANDIDATES[RMS], CANDIDATES[LAYER]]))
     assert result.active == {"model.norm": RMS, "model.layers.0": LAYER, "model.layers.1": LAYER}
     lower = sorted(s.lower_path for s in result.subsumed if s.higher_path == "model.layers.0")
-    assert lower == [f"model.layers.0.{p}" for p in
-                     ("input_layernorm", "post_attention_layernorm", "self_attn.k_norm", "self_attn.q_norm")]
+    assert lower == [
+        f"model.layers.0.{p}"
+        for p in ("input_layernorm", "post_attention_layernorm", "self_attn.k_norm", "self_attn.q_norm")
+    ]
     assert "model.layers.0.self_attn.q_norm" in str(warned[0].message)
     torch.testing.assert_close(logits(model, x), want, rtol=1e-5, atol=1e-5)
 
@@ -133,9 +153,13 @@ def test_l1_only_stays_active_everywhere():
     want = logits(model, x)
     result, warned = record(lambda: swap.apply(model, [(RMS, load_class(CANDIDATES[RMS].path, "rms_norm"))]))
     assert not warned and not result.subsumed
-    assert sorted(result.active) == ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
-                                     "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm",
-                                     "model.norm"]
+    assert sorted(result.active) == [
+        "model.layers.0.input_layernorm",
+        "model.layers.0.post_attention_layernorm",
+        "model.layers.1.input_layernorm",
+        "model.layers.1.post_attention_layernorm",
+        "model.norm",
+    ]
     torch.testing.assert_close(logits(model, x), want, rtol=1e-5, atol=1e-5)
 
 
@@ -153,7 +177,9 @@ def test_l2_mlp_weights_map_to_vllm_layout_and_back():
     # a later apply() on the same model sees the candidates already in it
     result, warned = record(lambda: swap.apply(model, [CANDIDATES[LAYER]]))
     assert result.active == {"model.layers.0": LAYER, "model.layers.1": LAYER}
-    assert result.subsumed == [Subsumed("mlp/fused", f"model.layers.{i}.mlp", LAYER, f"model.layers.{i}") for i in (0, 1)]
+    assert result.subsumed == [
+        Subsumed("mlp/fused", f"model.layers.{i}.mlp", LAYER, f"model.layers.{i}") for i in (0, 1)
+    ]
     assert len(warned) == 2
     torch.testing.assert_close(logits(model, x), want, rtol=1e-5, atol=1e-5)
     # nothing left to match: the layers are candidates, their submodules are theirs
@@ -162,8 +188,14 @@ def test_l2_mlp_weights_map_to_vllm_layout_and_back():
 
 
 def test_all_levels_on_the_l4_baseline():
-    config = {**SMALL, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
-              "tie_word_embeddings": False, "rope_theta": 10000.0}
+    config = {
+        **SMALL,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "rope_theta": 10000.0,
+    }
     torch.manual_seed(0)
     model = CausalLM(config, num_hidden_layers=2)
     randomize_constant_parameters(model, seed=1)
@@ -237,8 +269,11 @@ def test_kb_nano_baselines_are_matched():
     chosen = [CANDIDATES[c] for c in ("rms_norm/torch_fused", "silu_and_mul/inplace", "rotary_embedding/rotate_half")]
     result, warned = record(lambda: swap.apply(block, chosen))
     assert not warned
-    assert result.active == {"norm": "rms_norm/torch_fused", "act": "silu_and_mul/inplace",
-                             "rotary": "rotary_embedding/rotate_half"}
+    assert result.active == {
+        "norm": "rms_norm/torch_fused",
+        "act": "silu_and_mul/inplace",
+        "rotary": "rotary_embedding/rotate_half",
+    }
     assert type(block.rotary).__name__ == "RotateHalfRotaryEmbedding" and block.rotary.head_size == 16
     with torch.no_grad():
         torch.testing.assert_close(block(x, pos), want, rtol=1e-5, atol=1e-5)

@@ -13,8 +13,7 @@ import torch
 
 from kb_nano import roofline
 from kb_nano.kernels import checks, guard, timing
-from kb_nano.kernels.blocks import hidden_ms
-from kb_nano.kernels.judge import batch_calls
+from kb_nano.kernels.blocks import batch_calls, hidden_ms
 from kb_nano.kernels.worker_process import set_precision
 
 
@@ -26,7 +25,11 @@ def test_speedup_ci_is_students_t_over_the_blocks():
     assert (lo, hi) == pytest.approx((np.exp(logs.mean() - half), np.exp(logs.mean() + half)))
     assert lo < 2.0 < hi
     assert timing.speedup_ci([2.0] * 5, [1.0] * 5) == pytest.approx((2.0, 2.0))  # no spread, no width
-    assert timing.t975(30) == 2.042 and abs(timing.t975(31) - 2.0395) < 0.001 and timing.t975(10**6) == pytest.approx(1.96, abs=1e-4)
+    assert (
+        timing.t975(30) == 2.042
+        and abs(timing.t975(31) - 2.0395) < 0.001
+        and timing.t975(10**6) == pytest.approx(1.96, abs=1e-4)
+    )
 
 
 def test_speedup_ci_of_equal_sides_contains_one():
@@ -70,12 +73,17 @@ def test_kernel_records_are_split_into_calls_at_the_flushes():
     """Each call gets the records that start after its flush ends and before the next
     flush ends, on any stream; concurrent records count once, gaps not at all; records
     before the first flush ended are hidden work."""
-    recs = _flush(0) + _flush(100_000) + [
-        (7, "early", 500, 2_500),                                   # before flush 1 ended: hidden
-        (7, "k1", 70_000, 72_000), (7, "k2", 80_000, 81_000),        # call 1: with "side", 4 us busy, 12 us span
-        (9, "side", 80_500, 82_000),                                # call 1, another stream, overlapping k2
-        (7, "k3", 170_000, 174_000),                                # call 2
-    ]
+    recs = (
+        _flush(0)
+        + _flush(100_000)
+        + [
+            (7, "early", 500, 2_500),  # before flush 1 ended: hidden
+            (7, "k1", 70_000, 72_000),
+            (7, "k2", 80_000, 81_000),  # call 1: with "side", 4 us busy, 12 us span
+            (9, "side", 80_500, 82_000),  # call 1, another stream, overlapping k2
+            (7, "k3", 170_000, 174_000),  # call 2
+        ]
+    )
     per_call, hidden = cupti_attribute(recs, calls=2)
     assert per_call[0] == pytest.approx((0.004, 0.012, 3))
     assert per_call[1] == pytest.approx((0.004, 0.004, 1))
@@ -112,8 +120,9 @@ def test_timer_columns_and_agreement():
 
     cuda = torch.device("cuda")
     s = _samples(eager=(0.030, 0.012), kernel=(0.010, 0.004), graph=(0.012, 0.005))
-    s["kernel"].update(kernels_base=[5] * 10, kernels_cand=[1] * 10, span_base=[0.02] * 10, span_cand=[0.004] * 10,
-                       hidden=[0.0])
+    s["kernel"].update(
+        kernels_base=[5] * 10, kernels_cand=[1] * 10, span_base=[0.02] * 10, span_cand=[0.004] * 10, hidden=[0.0]
+    )
     out = timer_fields(s, cuda)
     assert out["kernel_speedup"] == pytest.approx(2.5) and out["launch_overhead_ms"] == pytest.approx(0.008)
     assert out["timer_check"] is None and out["candidate_kernels"] == 1
@@ -288,7 +297,9 @@ def test_namespaces_detect_replaced_clock_precision_and_hooks():
         def forged():
             return real() - 2500
 
-        forged.__code__ = forged.__code__.replace(co_filename=os.path.join(os.path.dirname(torch.__file__), "_utils.py"))
+        forged.__code__ = forged.__code__.replace(
+            co_filename=os.path.join(os.path.dirname(torch.__file__), "_utils.py")
+        )
         forged.__wrapped__ = real
         timing._perf_counter_ns = forged
         assert g.check("after the forged wrapper")[0] == "tampered"
@@ -395,8 +406,12 @@ def test_sm_clock_fields_name_the_throttle_reasons():
     clock = SmClock(torch.device("cpu"))
     assert clock.handle is None and clock.fields() == {}  # a CPU row says nothing about clocks
     clock.samples = [(1980, 0), (1755, 0x4), (1980, 0x1)]  # idle bit (0x1) is not throttling
-    assert clock.fields() == {"sm_clock_mhz": 1980.0, "sm_clock_min_mhz": 1755.0, "throttled": True,
-                              "throttle_reasons": "sw_power_cap"}
+    assert clock.fields() == {
+        "sm_clock_mhz": 1980.0,
+        "sm_clock_min_mhz": 1755.0,
+        "throttled": True,
+        "throttle_reasons": "sw_power_cap",
+    }
     clock.samples = [(1980, 0x1)]
     assert clock.fields()["throttled"] is False and clock.fields()["throttle_reasons"] is None
 
@@ -438,8 +453,12 @@ def test_held_cpu_outputs_land_on_faulted_heap():
     import subprocess
     import sys
 
-    faults = {mode: int(subprocess.run([sys.executable, "-c", HEAP_PROBE, mode], capture_output=True, text=True,
-                                       check=True).stdout) for mode in ("off", "on")}
+    faults = {
+        mode: int(
+            subprocess.run([sys.executable, "-c", HEAP_PROBE, mode], capture_output=True, text=True, check=True).stdout
+        )
+        for mode in ("off", "on")
+    }
     assert faults["off"] > 200 * 100 and faults["on"] < 200 * 5, faults
 
 

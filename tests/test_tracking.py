@@ -50,8 +50,13 @@ def test_uri_precedence_and_normalisation(tmp_path, monkeypatch):
     assert tracking.resolve_tracking_uri(tmp_path, cfg) == "http://127.0.0.1:5000"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:6000")
     assert tracking.resolve_tracking_uri(tmp_path, cfg) == "http://127.0.0.1:6000"
-    assert tracking.resolve_tracking_uri(tmp_path, cfg, explicit="sqlite:///x/y.db") == f"sqlite:///{tmp_path.resolve()}/x/y.db"
-    assert tracking.resolve_tracking_uri(tmp_path, None, explicit="store.db") == f"sqlite:///{tmp_path.resolve()}/store.db"
+    assert (
+        tracking.resolve_tracking_uri(tmp_path, cfg, explicit="sqlite:///x/y.db")
+        == f"sqlite:///{tmp_path.resolve()}/x/y.db"
+    )
+    assert (
+        tracking.resolve_tracking_uri(tmp_path, None, explicit="store.db") == f"sqlite:///{tmp_path.resolve()}/store.db"
+    )
     with pytest.raises(KbNanoError, match="in-memory"):
         tracking.resolve_tracking_uri(tmp_path, None, explicit="sqlite://")
     with pytest.raises(KbNanoError, match="unknown tier"):
@@ -192,8 +197,12 @@ def test_two_sweeps_finishing_at_once_are_both_recorded(tmp_path):
     script.write_text(WRITER.format(tests=str(Path(__file__).parent)))
     go = tmp_path / "go"
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(tmp_path / f"sweep{i}"), uri, str(1.0 + i / 10), str(go)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"sweep{i}"), uri, str(1.0 + i / 10), str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in (1, 2)
     ]
     deadline = time.monotonic() + 60
@@ -202,7 +211,7 @@ def test_two_sweeps_finishing_at_once_are_both_recorded(tmp_path):
         time.sleep(0.05)
     go.touch()
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
     ids = {out.split()[0] for out, _ in outs}
     assert all(out.split()[1] == "True" for out, _ in outs)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from workflow_helpers import copy_workflow, snakemake
 
 pytestmark = pytest.mark.slow
@@ -119,7 +118,9 @@ def test_dry_run_on_a_fresh_copy_shows_every_kernel_job(tmp_path):
     assert (work / "results/inputs/llm.yaml").is_file()
     counts = dict(line.split()[:2] for line in out.stdout.splitlines() if line.startswith(("kernel_bench ", "total ")))
     assert int(counts["kernel_bench"]) == 4, out.stdout  # rms_norm x2, silu_and_mul x2 candidates
-    (work / "small.yaml").write_text((work / "small.yaml").read_text().replace("num_tokens:\n- 1", "num_tokens:\n- 1\n- 8"))
+    (work / "small.yaml").write_text(
+        (work / "small.yaml").read_text().replace("num_tokens:\n- 1", "num_tokens:\n- 1\n- 8")
+    )
     out = snakemake(work, "-n")
     counts = dict(line.split()[:2] for line in out.stdout.splitlines() if line.startswith("kernel_bench "))
     assert int(counts["kernel_bench"]) == 8, out.stdout  # the manifest followed the config
@@ -155,7 +156,9 @@ def test_bad_candidates_become_rows_and_the_sweep_goes_on(tmp_path):
 
 
 def test_not_applicable_tp_becomes_skipped_rows_with_reason(tmp_path):
-    work = copy_workflow(tmp_path, {"models": ["qwen25-7b"], "tp": [8], "targets": ["silu_and_mul", "rotary_embedding"]})
+    work = copy_workflow(
+        tmp_path, {"models": ["qwen25-7b"], "tp": [8], "targets": ["silu_and_mul", "rotary_embedding"]}
+    )
     snakemake(work)
     df = pd.read_parquet(work / "results/kernels.parquet")
     rot = df[df.target == "rotary_embedding"]
@@ -181,9 +184,25 @@ def test_lint_is_clean_and_files_are_snakefmt_formatted():
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert "Congratulations" in lint.stdout + lint.stderr
     fmt = subprocess.run(
-        [sys.executable, "-m", "snakefmt", "--check", "Snakefile", "workflow/"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "snakefmt", "--check", "Snakefile", "workflow/"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_python_files_pass_ruff_check_and_format():
+    """The repository's Python passes ``ruff check`` and ``ruff format --check`` with the
+    configuration in pyproject.toml (``[tool.ruff]``)."""
+    import subprocess
+    import sys
+
+    from workflow_helpers import REPO
+
+    for args in (["check", "."], ["format", "--check", "."]):
+        proc = subprocess.run([sys.executable, "-m", "ruff", *args], cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 0, f"ruff {' '.join(args)}:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
 
 
 def test_new_token_count_runs_only_new_scenarios_and_num_runs_reruns_all(swept):
@@ -207,9 +226,16 @@ def test_new_token_count_runs_only_new_scenarios_and_num_runs_reruns_all(swept):
         small.write_text(original)
 
 
-@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\xff\xfe", b"", b"[]",
-                                     b'{"schema_version": 1, "inputs_digest": "x"}',
-                                     b'{"schema_version": 1, "models": {}, "scenarios": [{"target": "rms_norm"}]}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\x89PNG\r\n\x1a\n\x00\xff\xfe",
+        b"",
+        b"[]",
+        b'{"schema_version": 1, "inputs_digest": "x"}',
+        b'{"schema_version": 1, "models": {}, "scenarios": [{"target": "rms_norm"}]}',
+    ],
+)
 def test_a_damaged_manifest_is_one_line_and_regenerated(tmp_path, monkeypatch, content):
     """Binary garbage, an empty file, a wrong structure: ``load`` names the file in one
     line, and ``cached`` regenerates instead of trusting it (the user cache too)."""
@@ -225,7 +251,9 @@ def test_a_damaged_manifest_is_one_line_and_regenerated(tmp_path, monkeypatch, c
     work = copy_workflow(tmp_path / "w")
     config = {"models": ["llama32-1b"], "tp": [1], "num_tokens": [1], "dtype": "auto"}
     params = {k: config.get(k) for k in ("models", "tp", "num_tokens", "dtype", "context_lens")}
-    files = [work / f for f in workflow.model_config_files(work, config)] + [Path(f) for f in workflow.manifest_code_files()]
+    files = [work / f for f in workflow.model_config_files(work, config)] + [
+        Path(f) for f in workflow.manifest_code_files()
+    ]
     cache = manifest.user_cache_path(manifest.inputs_digest(params, files, work))
     cache.parent.mkdir(parents=True)
     cache.write_bytes(content)

@@ -21,8 +21,18 @@ from kb_nano.schema import make_row, to_table, write_table
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def row(target: str, cand: str, model: str = "llama31-8b", tp: int = 1, n: int = 1, status: str = "passed",
-        speedup: float | None = 1.25, device: str = "cpu", device_name: str = "Test CPU", **extra) -> dict:
+def row(
+    target: str,
+    cand: str,
+    model: str = "llama31-8b",
+    tp: int = 1,
+    n: int = 1,
+    status: str = "passed",
+    speedup: float | None = 1.25,
+    device: str = "cpu",
+    device_name: str = "Test CPU",
+    **extra,
+) -> dict:
     """One kernel row; ``cand`` is the candidate name (id = ``target/cand``)."""
     base_ms = 0.02
     passed = status == "passed"
@@ -128,10 +138,26 @@ def mlflow_server(tmp: Path):
     port = free_port()
     log = open(tmp / "mlflow-server.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp / 'server.db'}",
-         "--artifacts-destination", str(tmp / "server-artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp,
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp / "server-artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=tmp,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -38,7 +38,9 @@ def copy_workflow(dest: Path, extra_config: dict | None = None) -> Path:
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run ``python -m snakemake`` in ``workdir`` with the small config."""
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "small.yaml", *args]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env={**os.environ, "KB_NANO_ROOT": str(workdir)})
+    proc = subprocess.run(
+        cmd, cwd=workdir, capture_output=True, text=True, env={**os.environ, "KB_NANO_ROOT": str(workdir)}
+    )
     if check and proc.returncode:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc

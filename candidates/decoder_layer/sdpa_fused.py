@@ -36,8 +36,12 @@ class SdpaFusedDecoderLayer(DecoderLayer):
         q, k = self._rotate(q, cos, sin, dtype), self._rotate(k, cos, sin, dtype)
 
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-            is_causal=n > 1, scale=attn.scaling, enable_gqa=True,
+            q.transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            is_causal=n > 1,
+            scale=attn.scaling,
+            enable_gqa=True,
         )
         out = F.linear(out.transpose(0, 1).reshape(n, -1), attn.o_proj.weight, attn.o_proj.bias)
         hidden_states = hidden_states + out

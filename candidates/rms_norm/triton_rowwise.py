@@ -50,8 +50,15 @@ class TritonRMSNorm(nn.Module):
         out = torch.empty(x2.shape, dtype=self.weight.dtype, device=x.device)
         block = triton.next_power_of_2(self.hidden_size)
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, self.weight, out, x2.stride(0), out.stride(0), self.hidden_size, self.variance_epsilon,
-            BLOCK=block, num_warps=min(max(block // 256, 1), 16),
+            x2,
+            self.weight,
+            out,
+            x2.stride(0),
+            out.stride(0),
+            self.hidden_size,
+            self.variance_epsilon,
+            BLOCK=block,
+            num_warps=min(max(block // 256, 1), 16),
         )
         out = out.view(x.shape)
         return out if residual is None else (out, residual)

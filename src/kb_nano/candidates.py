@@ -62,7 +62,9 @@ def discover(root: Path, directory: Path = CANDIDATES_DIR) -> list[CandidateRef]
         rel = path.relative_to(root)
         operators.check_target(target, where=str(rel))
         if not _NAME_RE.match(path.stem):
-            raise KbNanoError(f"{rel}: candidate file names must be Python identifiers (start with a letter; letters, digits, _)")
+            raise KbNanoError(
+                f"{rel}: candidate file names must be Python identifiers (start with a letter; letters, digits, _)"
+            )
         found.append(CandidateRef(target, path.stem, rel))
     return found
 
@@ -91,8 +93,14 @@ def load_class(path: Path, target: str):
         import traceback
 
         traceback.print_exc()  # to the job log
-        hint = (" (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
-                "directory, see docs/measurement.md)") if isinstance(exc, PermissionError) else ""
+        hint = (
+            (
+                " (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
+                "directory, see docs/measurement.md)"
+            )
+            if isinstance(exc, PermissionError)
+            else ""
+        )
         raise CandidateError("import_error", f"{path}: import failed: {one_line(exc)}{hint}") from None
     classes = [
         obj

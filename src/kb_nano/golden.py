@@ -105,7 +105,9 @@ def tokenize(prompts: list[str], vocab_size: int, weights: Path | None):
     Raises ``KbNanoError`` when a prompt is too short for the tokenizer or ids exceed the vocab."""
     import torch
 
-    if weights is not None and any((weights / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+    if weights is not None and any(
+        (weights / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    ):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(weights))
@@ -138,14 +140,23 @@ def _build_model(config: dict, num_layers: int, weights: Path | None, dtype):
                 str(weights), config=cfg, dtype=dtype, attn_implementation=CAPTURE_ATTENTION
             )
         except Exception as exc:  # OSError, ValueError, SafetensorError, ...: a bad weights directory
-            raise KbNanoError(f"--weights {weights}: cannot load the weights ({type(exc).__name__}: "
-                              f"{' '.join(str(exc).split())[:200]})") from None
+            raise KbNanoError(
+                f"--weights {weights}: cannot load the weights ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:200]})"
+            ) from None
     torch.manual_seed(SEED)
     return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=CAPTURE_ATTENTION)
 
 
-def capture(config: dict, meta: dict, root: Path, out_dir: Path, num_layers: int = DEFAULT_NUM_LAYERS,
-            weights: Path | None = None, num_threads: int = 1) -> list[Path]:
+def capture(
+    config: dict,
+    meta: dict,
+    root: Path,
+    out_dir: Path,
+    num_layers: int = DEFAULT_NUM_LAYERS,
+    weights: Path | None = None,
+    num_threads: int = 1,
+) -> list[Path]:
     """Run the model and write the golden files of every data-dependent operator it has.
 
     Args:
@@ -226,14 +237,24 @@ def capture(config: dict, meta: dict, root: Path, out_dir: Path, num_layers: int
             "operator": target,
             **meta,
             "architecture": (config.get("architectures") or [None])[0],
-            "weights": str(weights) if weights else f"random: transformers _init_weights of the config, torch seed {SEED}",
+            "weights": str(weights)
+            if weights
+            else f"random: transformers _init_weights of the config, torch seed {SEED}",
             "num_hidden_layers": {"captured": layers, "model": total_layers},
             "layers": list(range(layers)) if target != "sampler" else None,
-            "prompts": {"file": str(PROMPTS_FILE), "sha256": prompts_sha, "count": len(prompts),
-                        "seq_len": SEQ_LEN, "tokenization": tokenization},
+            "prompts": {
+                "file": str(PROMPTS_FILE),
+                "sha256": prompts_sha,
+                "count": len(prompts),
+                "seq_len": SEQ_LEN,
+                "tokenization": tokenization,
+            },
             "positions": f"0..{SEQ_LEN - 1} per prompt; causal mask",
             "dtype": dtype_name,
-            "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")} for k, v in sorted(tensors.items())},
+            "tensors": {
+                k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+                for k, v in sorted(tensors.items())
+            },
             "file": file.name,
             "sha256": hashlib.sha256(file.read_bytes()).hexdigest(),
             "num_threads": num_threads,
@@ -289,7 +310,9 @@ def golden_inputs(scenario: dict, golden: dict, root: Path, device: str, draw: i
     try:
         f = safe_open(str(sidecar_file.parent / meta["file"]), framework="pt", device="cpu")
     except Exception as exc:
-        raise KbNanoError(f"{sidecar_file.parent / meta['file']}: unreadable golden tensors ({exc}); rerun capture-golden") from None
+        raise KbNanoError(
+            f"{sidecar_file.parent / meta['file']}: unreadable golden tensors ({exc}); rerun capture-golden"
+        ) from None
     layers = meta.get("layers") or [0]
     layer = layers[draw % len(layers)]
 
@@ -316,15 +339,20 @@ def golden_inputs(scenario: dict, golden: dict, root: Path, device: str, draw: i
                 raise GoldenMismatch(f"decode context {c} + 1 > {seq_len} captured tokens per prompt")
             idx = torch.tensor([(draw + j) % prompts for j in range(n)])
             parts = {
-                "query": q[idx, c], "key": k[idx, c], "value": v[idx, c],
-                "key_cache": k[idx, :c], "value_cache": v[idx, :c],
+                "query": q[idx, c],
+                "key": k[idx, c],
+                "value": v[idx, c],
+                "key_cache": k[idx, :c],
+                "value_cache": v[idx, :c],
             }
         return {name: cast(name, t) for name, t in parts.items()}
     if target == "fused_moe":
         x, logits = f.get_tensor(f"layer{layer}.hidden_states"), f.get_tensor(f"layer{layer}.router_logits")
         n, hidden = specs["hidden_states"]["shape"]
         if x.shape[1] != hidden or logits.shape[1] != specs["router_logits"]["shape"][1]:
-            raise GoldenMismatch(f"golden fused_moe is [{x.shape[1]} hidden, {logits.shape[1]} experts], scenario [{hidden}, {specs['router_logits']['shape'][1]}]")
+            raise GoldenMismatch(
+                f"golden fused_moe is [{x.shape[1]} hidden, {logits.shape[1]} experts], scenario [{hidden}, {specs['router_logits']['shape'][1]}]"
+            )
         rows = (torch.arange(n) + draw * 997) % x.shape[0]
         return {"hidden_states": cast("hidden_states", x[rows]), "router_logits": cast("router_logits", logits[rows])}
     if target == "sampler":

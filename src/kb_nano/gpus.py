@@ -162,4 +162,3 @@ def lease(
     finally:
         for i in held:
             locks[i].release()
-

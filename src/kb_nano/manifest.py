@@ -160,15 +160,27 @@ def load(path: Path) -> dict:
     except FileNotFoundError:
         raise KbNanoError(f"{path}: manifest missing; run `kb_nano generate-inputs`") from None
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
-        raise KbNanoError(f"{path}: not a readable manifest ({' '.join(str(exc).split())[:120]}); delete it "
-                          "(it is regenerated)") from None
+        raise KbNanoError(
+            f"{path}: not a readable manifest ({' '.join(str(exc).split())[:120]}); delete it (it is regenerated)"
+        ) from None
     scenarios = data.get("scenarios") if isinstance(data, dict) else None
-    if (not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION
-            or not isinstance(data.get("models"), dict) or not isinstance(scenarios, list)
-            or not all(isinstance(e, dict) and isinstance(e.get("scenario_id"), str) and isinstance(e.get("target"), str)
-                       and isinstance(e.get("applicable"), bool) for e in scenarios)):
-        raise KbNanoError(f"{path}: not a kb-nano manifest of schema {SCHEMA_VERSION} (models, scenarios with "
-                          "scenario_id, target, applicable); delete it (it is regenerated)")
+    if (
+        not isinstance(data, dict)
+        or data.get("schema_version") != SCHEMA_VERSION
+        or not isinstance(data.get("models"), dict)
+        or not isinstance(scenarios, list)
+        or not all(
+            isinstance(e, dict)
+            and isinstance(e.get("scenario_id"), str)
+            and isinstance(e.get("target"), str)
+            and isinstance(e.get("applicable"), bool)
+            for e in scenarios
+        )
+    ):
+        raise KbNanoError(
+            f"{path}: not a kb-nano manifest of schema {SCHEMA_VERSION} (models, scenarios with "
+            "scenario_id, target, applicable); delete it (it is regenerated)"
+        )
     return data
 
 
@@ -250,8 +262,11 @@ def cached(path: Path, root: Path, params: dict, files: list[Path]) -> tuple[dic
         root=root,
         context_lens=params.get("context_lens"),
     )
-    manifest = {"schema_version": manifest["schema_version"], "inputs_digest": digest_now,
-                **{k: v for k, v in manifest.items() if k != "schema_version"}}
+    manifest = {
+        "schema_version": manifest["schema_version"],
+        "inputs_digest": digest_now,
+        **{k: v for k, v in manifest.items() if k != "schema_version"},
+    }
     write(manifest, Path(path))
     if shared:
         with contextlib.suppress(OSError):  # a read-only or full cache only costs the next directory the generation

@@ -28,6 +28,7 @@ def summarize(rows: list[dict]) -> dict:
     and per candidate. ``pass_rate`` = passed / (rows not skipped); ``significant`` =
     passed rows whose speedup interval excludes 1.0; ``review`` = rows flagged for
     review (implausible speedup, :mod:`kb_nano.roofline`)."""
+
     def block(rs):
         counted = [r for r in rs if r["status"] != "skipped"]
         passed = [r for r in counted if r["status"] == "passed"]
@@ -81,14 +82,18 @@ def merge(
         if secret is not None and not verify(stored, found, secret):
             why = "its signature does not match" if found else "it carries no judge's signature"
             for r in stored:
-                r.update(status="tampered", error=(f"shard {path} changed after the judge wrote it ({why}); "
-                                                   "delete it and rerun the job"))
+                r.update(
+                    status="tampered",
+                    error=(f"shard {path} changed after the judge wrote it ({why}); delete it and rerun the job"),
+                )
         readable.append(to_table([{k: r.get(k) for k in COLUMNS} for r in stored]))
     table = pa.concat_tables(readable) if readable else read_rows([])
     for path, exc in broken:
-        reason = (f"shard {path} is unreadable ({' '.join(str(exc).split())[:160]}...); delete it and rerun with "
-                  "`-- --forcerun merge_kernels` (Snakemake does not rerun a job whose output was deleted "
-                  "when everything downstream is up to date)")
+        reason = (
+            f"shard {path} is unreadable ({' '.join(str(exc).split())[:160]}...); delete it and rerun with "
+            "`-- --forcerun merge_kernels` (Snakemake does not rerun a job whose output was deleted "
+            "when everything downstream is up to date)"
+        )
         scenario = (scenarios or {}).get(path.stem)
         if scenario is None:
             raise ValueError(reason)
@@ -117,7 +122,6 @@ def json_rows(rows: list[dict]) -> list[dict]:
     return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
 
 
-
 def e2e_speedup(row: dict, baseline: dict | None) -> float | None:
     """Speedup of an ``ok`` e2e row over the ``ok`` baseline row of the same model, TP and
     workload: throughput ``total_tokens_per_s / baseline's``; latency
@@ -141,8 +145,10 @@ def summarize_e2e(rows: list[dict]) -> dict:
         "rows": len(rows),
         "by_status": {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})},
         "per_variant": {
-            v: {"rows": sum(r["variant"] == v for r in rows),
-                "geomean_speedup": geomean(r["speedup"] for r in rows if r["variant"] == v)}
+            v: {
+                "rows": sum(r["variant"] == v for r in rows),
+                "geomean_speedup": geomean(r["speedup"] for r in rows if r["variant"] == v),
+            }
             for v in variants
         },
     }
@@ -158,7 +164,9 @@ def summarize_eval(rows: list[dict]) -> dict:
     out: dict[str, dict] = {}
     by_key = {(r["model"], r["tp"], r["workload"], r["variant"] == "baseline"): r for r in rows}
     for workload in dict.fromkeys(r["workload"] for r in rows):
-        cands = [r for r in rows if r["workload"] == workload and r["variant"] != "baseline" and r["status"] != "skipped"]
+        cands = [
+            r for r in rows if r["workload"] == workload and r["variant"] != "baseline" and r["status"] != "skipped"
+        ]
         ratios = [r["speedup"] for r in cands if r.get("speedup")]
         entry = {
             "kind": cands[0]["kind"] if cands else None,
@@ -172,15 +180,20 @@ def summarize_eval(rows: list[dict]) -> dict:
             spans = []
             for r in cands:
                 b = by_key.get((r["model"], r["tp"], workload, True))
-                if r.get("speedup") and b and all(x.get(k) for x in (r, b) for k in ("p25_latency_ms", "p75_latency_ms")):
+                if (
+                    r.get("speedup")
+                    and b
+                    and all(x.get(k) for x in (r, b) for k in ("p25_latency_ms", "p75_latency_ms"))
+                ):
                     spans += [b["p75_latency_ms"] / r["p75_latency_ms"], b["p25_latency_ms"] / r["p25_latency_ms"]]
             entry["iqr_ratio"] = [min(spans), max(spans)] if spans else None
         out[workload] = entry
     return out
 
 
-def merge_e2e(shards: list[Path], parquet_out: Path, json_out: Path, tier: str = "e2e",
-              skipped: list[dict] | None = None) -> list[dict]:
+def merge_e2e(
+    shards: list[Path], parquet_out: Path, json_out: Path, tier: str = "e2e", skipped: list[dict] | None = None
+) -> list[dict]:
     """Merge e2e (or eval) shards into ``results/{tier}.parquet`` and a JSON document
     ``{schema_version, tier, summary, rows}`` (both atomic), filling ``speedup`` of
     every row from the baseline row of its model/TP/workload (:func:`e2e_speedup`).
@@ -197,7 +210,9 @@ def merge_e2e(shards: list[Path], parquet_out: Path, json_out: Path, tier: str =
         try:
             rows += read_e2e_rows([Path(path)]).to_pylist()
         except (OSError, pa.ArrowException) as exc:
-            raise ValueError(f"shard {path} is unreadable ({' '.join(str(exc).split())[:200]}); delete it and rerun") from None
+            raise ValueError(
+                f"shard {path} is unreadable ({' '.join(str(exc).split())[:200]}); delete it and rerun"
+            ) from None
     from kb_nano.schema import make_e2e_row
 
     rows += [make_e2e_row(**r) for r in skipped or []]

@@ -158,6 +158,7 @@ def model_facts(config, ref: ModelRef) -> dict:
     hidden_size / num_attention_heads as in the transformers Llama code.
     Raises ``KbNanoError`` naming a required field the config lacks.
     """
+
     def need(field):
         value = getattr(config, field, None)
         if value is None:

@@ -30,6 +30,4 @@ def find_workflow_root(start: Path | None = None) -> Path:
     checkout = PACKAGE_DIR.parents[1]
     if (checkout / "Snakefile").is_file():
         return checkout
-    raise KbNanoError(
-        "no kb-nano Snakefile in the current directory or its parents; cd into the kb-nano checkout"
-    )
+    raise KbNanoError("no kb-nano Snakefile in the current directory or its parents; cd into the kb-nano checkout")

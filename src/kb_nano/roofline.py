@@ -16,6 +16,7 @@ own working-set size instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import socket
@@ -55,7 +56,7 @@ def measure_peaks(device: torch.device, dtype: torch.dtype) -> dict:
     kind = device.type
     src = torch.empty(COPY_BYTES[kind] // 2, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
-    copy_ms = _time_best_ms(lambda: dst.copy_(src), device, 5)
+    copy_ms = _time_best_ms(functools.partial(dst.copy_, src), device, 5)
     del src, dst
     n = MATMUL_N[kind]
     mm_dtype = dtype if dtype.is_floating_point else torch.float32
@@ -83,8 +84,14 @@ def copy_gbps_at(device: torch.device, nbytes: int) -> float:
     return 2 * src.numel() / max(best, 1)  # bytes per ns = GB/s
 
 
-def peaks(device: torch.device, device_name: str, dtype: torch.dtype, cache_dir: Path, overrides: dict | None = None,
-          working_set: int | None = None) -> dict:
+def peaks(
+    device: torch.device,
+    device_name: str,
+    dtype: torch.dtype,
+    cache_dir: Path,
+    overrides: dict | None = None,
+    working_set: int | None = None,
+) -> dict:
     """The device's peaks (see :func:`measure_peaks`), read from
     ``cache_dir/{host}-{device}-{dtype}.json`` or measured and written there; on a CPU with
     ``working_set`` (the call's bytes moved) the copy bandwidth is measured at that size
@@ -93,12 +100,16 @@ def peaks(device: torch.device, device_name: str, dtype: torch.dtype, cache_dir:
     timing lock."""
     from kb_nano.files import atomic_path
 
-    safe = "".join(c if c.isalnum() else "_" for c in f"{socket.gethostname()}-{device_name}-{torch.__version__}-{dtype}")
+    safe = "".join(
+        c if c.isalnum() else "_" for c in f"{socket.gethostname()}-{device_name}-{torch.__version__}-{dtype}"
+    )
     path = cache_dir / f"{safe}.json"
     try:
         value = json.loads(path.read_text())
-        if not all(isinstance(value.get(k), (int, float)) and math.isfinite(value[k]) and value[k] > 0
-                   for k in ("copy_gbps", "matmul_tflops")):
+        if not all(
+            isinstance(value.get(k), (int, float)) and math.isfinite(value[k]) and value[k] > 0
+            for k in ("copy_gbps", "matmul_tflops")
+        ):
             raise ValueError(f"{path}: not a peaks record")  # damaged or edited: measure again
     except (OSError, ValueError, AttributeError):
         value = measure_peaks(device, dtype)
@@ -126,6 +137,8 @@ def review(candidate_ms: float, bound: float | None, peak: dict) -> str | None:
     """The review message when ``candidate_ms`` is below ``MARGIN`` x ``bound``, else None."""
     if bound is None or candidate_ms >= MARGIN * bound:
         return None
-    return (f"implausible: candidate {candidate_ms:.4g} ms is below the roofline bound {bound:.4g} ms "
-            f"(copy {peak['copy_gbps']:.0f} GB/s, matmul {peak['matmul_tflops']:.1f} TFLOP/s, measured unless the "
-            "config's roofline block sets them); check the result by hand")
+    return (
+        f"implausible: candidate {candidate_ms:.4g} ms is below the roofline bound {bound:.4g} ms "
+        f"(copy {peak['copy_gbps']:.0f} GB/s, matmul {peak['matmul_tflops']:.1f} TFLOP/s, measured unless the "
+        "config's roofline block sets them); check the result by hand"
+    )

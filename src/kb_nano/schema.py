@@ -75,7 +75,10 @@ KERNEL_SCHEMA = pa.schema(
         ("speedup", pa.float64()),
         ("baseline_ms_iqr", pa.float64()),
         ("candidate_ms_iqr", pa.float64()),
-        ("speedup_ci_low", pa.float64()),  # paired bootstrap 95% interval of speedup (kb_nano.kernels.timing.speedup_ci)
+        (
+            "speedup_ci_low",
+            pa.float64(),
+        ),  # paired bootstrap 95% interval of speedup (kb_nano.kernels.timing.speedup_ci)
         ("speedup_ci_high", pa.float64()),
         ("significant", pa.bool_()),  # the interval excludes 1.0
         ("speedup_basis", pa.string()),  # the timer baseline_ms/candidate_ms/speedup come from: eager | kernel | graph

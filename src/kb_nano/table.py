@@ -32,14 +32,17 @@ def _note(r: dict) -> str:
     noisy = [
         side
         for side in ("baseline", "candidate")
-        if r.get(f"{side}_ms") and r.get(f"{side}_ms_iqr") is not None
+        if r.get(f"{side}_ms")
+        and r.get(f"{side}_ms_iqr") is not None
         and r[f"{side}_ms_iqr"] > NOISY_IQR_FRACTION * r[f"{side}_ms"]
     ]
     notes = [f"REVIEW {r['review']}"] if r.get("review") else []
     if r.get("significant") is False:
         notes.append("not significant: the 95% CI contains 1.0")
     if r.get("graph_speedup") is not None:
-        notes.append(f"CUDA graph {r['baseline_graph_ms']:.4f} vs {r['candidate_graph_ms']:.4f} ms = {r['graph_speedup']:.2f}x")
+        notes.append(
+            f"CUDA graph {r['baseline_graph_ms']:.4f} vs {r['candidate_graph_ms']:.4f} ms = {r['graph_speedup']:.2f}x"
+        )
     elif r.get("graph_error"):
         notes.append(f"no CUDA graph: {r['graph_error']}")
     if r.get("input_source") == "golden":
@@ -86,7 +89,8 @@ def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
             _num(r.get("max_abs_err"), ".3g"),
             _ms(r.get("baseline_ms"), r.get("baseline_ms_iqr")),
             _ms(r.get("candidate_ms"), r.get("candidate_ms_iqr")),
-            _num(speed, ".2f") + ("x" if speed is not None and not (isinstance(speed, float) and math.isnan(speed)) else ""),
+            _num(speed, ".2f")
+            + ("x" if speed is not None and not (isinstance(speed, float) and math.isnan(speed)) else ""),
             _ci(r),
             escape(_note(r)),
         )
@@ -112,7 +116,11 @@ def print_kernels(rows: list[dict], summary: dict, console: Console | None = Non
     console.print(
         f"{summary['rows']} rows: {by_status}; pass rate {_num(rate * 100 if rate is not None else None, '.0f')}%"
         + (f"; geomean speedup over passed {_num(gm, '.3f')}x" if _num(gm, ".3f") != "-" else "; no row passed")
-        + (f"; {sig} of the passed significantly different from the baseline (95% CI excludes 1.0)" if sig is not None else "")
+        + (
+            f"; {sig} of the passed significantly different from the baseline (95% CI excludes 1.0)"
+            if sig is not None
+            else ""
+        )
         + (f"; {review} flagged for REVIEW" if review else "")
     )
 
@@ -154,18 +162,34 @@ def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)") -> Table:
         cols += ["error"]
     for col in cols:
         left = col in ("model", "variant (forward calls)", "status", "error")
-        table.add_column(col, justify="left" if left else "right", overflow="fold",
-                         no_wrap=col in ("model", "variant (forward calls)"))
+        table.add_column(
+            col,
+            justify="left" if left else "right",
+            overflow="fold",
+            no_wrap=col in ("model", "variant (forward calls)"),
+        )
     for r in rows:
         style = "green" if r["status"] == "ok" else "red"
         cells = [escape(r["model"]), str(r["tp"]), escape(_variant_cell(r)), f"[{style}]{r['status']}[/{style}]"]
         if kinds & {"throughput", "serve"}:
-            cells += [_num(r.get("requests_per_s"), ".2f"), _num(r.get("total_tokens_per_s"), ".1f"),
-                      _num(r.get("output_tokens_per_s"), ".1f")]
+            cells += [
+                _num(r.get("requests_per_s"), ".2f"),
+                _num(r.get("total_tokens_per_s"), ".1f"),
+                _num(r.get("output_tokens_per_s"), ".1f"),
+            ]
         if "latency" in kinds:
-            cells += [_num(r.get(k), ".1f") for k in ("avg_latency_ms", "p10_latency_ms", "p25_latency_ms",
-                                                      "p50_latency_ms", "p75_latency_ms", "p90_latency_ms",
-                                                      "p99_latency_ms")]
+            cells += [
+                _num(r.get(k), ".1f")
+                for k in (
+                    "avg_latency_ms",
+                    "p10_latency_ms",
+                    "p25_latency_ms",
+                    "p50_latency_ms",
+                    "p75_latency_ms",
+                    "p90_latency_ms",
+                    "p99_latency_ms",
+                )
+            ]
         if "serve" in kinds:
             cells += [_num(r.get(f"{st}_{m}_ms"), ".1f") for m, st in serve]
         speed = r.get("speedup")
@@ -186,8 +210,9 @@ def print_e2e(rows: list[dict], console: Console | None = None) -> None:
         group = [r for r in rows if r["workload"] == workload]
         params = json.loads(group[0].get("workload_params") or "{}")
         shown = {"request_rate": "inf", "max_concurrency": "unlimited"}  # vLLM's meaning of unset
-        settings = ", ".join(f"{k} {shown.get(k, v) if v is None else v}" for k, v in params.items()
-                             if k not in ("name", "kind"))
+        settings = ", ".join(
+            f"{k} {shown.get(k, v) if v is None else v}" for k, v in params.items() if k not in ("name", "kind")
+        )
         console.print(e2e_table(group, title=f"{group[0]['kind']} {workload}: {settings}"))
     for weights in sorted({r["weights"] for r in rows if r.get("weights")}):
         models = sorted({r["model"] for r in rows if r.get("weights") == weights})
@@ -202,7 +227,16 @@ def eval_summary_table(summary: dict, rows: list[dict]) -> Table:
     import json
 
     table = Table(title="kb-nano eval: candidate / baseline per workload")
-    for col in ("workload", "kind", "settings", "pairs", "ratio (geomean)", "spread min-max", "p75..p25 ratio", "failed"):
+    for col in (
+        "workload",
+        "kind",
+        "settings",
+        "pairs",
+        "ratio (geomean)",
+        "spread min-max",
+        "p75..p25 ratio",
+        "failed",
+    ):
         table.add_column(col, justify="left" if col in ("workload", "kind", "settings") else "right")
     params = {r["workload"]: json.loads(r.get("workload_params") or "{}") for r in rows}
     for workload, s in summary.items():
@@ -211,9 +245,14 @@ def eval_summary_table(summary: dict, rows: list[dict]) -> Table:
         spread = f"{s['min']:.3f}-{s['max']:.3f}" if s.get("min") is not None else "-"
         iqr = s.get("iqr_ratio")
         table.add_row(
-            escape(workload), s.get("kind") or "-", escape(settings), str(s["n"]),
+            escape(workload),
+            s.get("kind") or "-",
+            escape(settings),
+            str(s["n"]),
             _num(s.get("geomean"), ".3f") + ("x" if s.get("geomean") is not None else ""),
-            spread, f"{iqr[0]:.3f}-{iqr[1]:.3f}" if iqr else "-", str(s["n_failed"]),
+            spread,
+            f"{iqr[0]:.3f}-{iqr[1]:.3f}" if iqr else "-",
+            str(s["n_failed"]),
         )
     return table
 

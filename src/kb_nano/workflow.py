@@ -15,10 +15,39 @@ from kb_nano.models import INDEX_FILE, check_config_file, resolve
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Harness files whose edits must rerun every kernel job (with the operator's own module).
 HARNESS_MODULES = (
-    *(f"kernels/{m}.py" for m in ("agreement", "blocks", "build", "checks", "compare", "cupti", "cupti_lib", "fields", "guard",
-                                  "heap", "inputs", "job", "judge", "judge_process", "measure", "pool", "procs", "sandbox",
-                                  "shm", "signing", "timing", "worker", "worker_process")),
-    "candidates.py", "schema.py", "gpus.py", "operators/base.py",
+    *(
+        f"kernels/{m}.py"
+        for m in (
+            "agreement",
+            "blocks",
+            "build",
+            "checks",
+            "compare",
+            "cupti",
+            "cupti_lib",
+            "fields",
+            "guard",
+            "heap",
+            "inputs",
+            "job",
+            "judge",
+            "judge_process",
+            "measure",
+            "pool",
+            "procs",
+            "sandbox",
+            "shm",
+            "signing",
+            "timing",
+            "verdict",
+            "worker",
+            "worker_process",
+        )
+    ),
+    "candidates.py",
+    "schema.py",
+    "gpus.py",
+    "operators/base.py",
 )
 MANIFEST_MODULES = ("models.py", "manifest.py", "operators/__init__.py", "operators/base.py")
 
@@ -29,7 +58,9 @@ def check_config(config: dict) -> None:
         operators.check_target(name, where="config targets")
     import math
 
-    numbers = {key: config.get(key) for key in ("atol", "rtol", "timeout_s", "memory_limit_gb", "ci_target", "max_timing_s")}
+    numbers = {
+        key: config.get(key) for key in ("atol", "rtol", "timeout_s", "memory_limit_gb", "ci_target", "max_timing_s")
+    }
     numbers.update({f"roofline.{k}": v for k, v in (config.get("roofline") or {}).items()})
     for key, value in numbers.items():
         if isinstance(value, (int, float)) and not math.isfinite(value):

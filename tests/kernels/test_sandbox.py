@@ -48,8 +48,15 @@ def _child(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     TMPDIR points into the writable scratch dir (tempfile, used by torch's imports,
     needs a writable temporary directory)."""
     env = {**os.environ, "TMPDIR": str(tmp_path / "scratch")}
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], check=False,
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
@@ -64,7 +71,9 @@ def _need_landlock() -> int:
 def test_restrict_confines_writes_and_hides_results(tmp_path):
     abi = _need_landlock()
     _layout(tmp_path)
-    proc = _child(tmp_path, """
+    proc = _child(
+        tmp_path,
+        """
         desc = sandbox.restrict(writable=[scratch], hidden=[results])
         print(desc)
         (scratch / "f").write_text("ok")
@@ -79,7 +88,8 @@ def test_restrict_confines_writes_and_hides_results(tmp_path):
             f.write("x")
         import json, torch
         assert torch.ones(3).sum().item() == 3.0 and json.dumps([1]) == "[1]"
-    """)
+    """,
+    )
     assert proc.stdout.strip() == f"landlock abi {abi}"
     assert not (tmp_path / "results" / "x").exists()
     assert (tmp_path / "other" / "f").read_text() == "hello"
@@ -88,7 +98,9 @@ def test_restrict_confines_writes_and_hides_results(tmp_path):
 def test_children_started_after_restrict_are_restricted(tmp_path):
     _need_landlock()
     _layout(tmp_path)
-    _child(tmp_path, """
+    _child(
+        tmp_path,
+        """
         sandbox.restrict(writable=[scratch], hidden=[results])
         for code in ["open('results/key').read()", "open('other/g', 'w')",
                      "open('results/x', 'w')"]:
@@ -98,7 +110,8 @@ def test_children_started_after_restrict_are_restricted(tmp_path):
         assert p.returncode != 0 and "secret" not in p.stdout
         p = subprocess.run([sys.executable, "-c", "open('scratch/g', 'w').write('x')"])
         assert p.returncode == 0 and (scratch / "g").exists()
-    """)
+    """,
+    )
     assert not (tmp_path / "other" / "g").exists()
 
 
@@ -106,7 +119,9 @@ def test_signals_scoped_to_the_sandbox(tmp_path):
     if _need_landlock() < 6:
         pytest.skip("signal scoping needs Landlock ABI 6")
     _layout(tmp_path)
-    _child(tmp_path, f"""
+    _child(
+        tmp_path,
+        f"""
         sandbox.restrict(writable=[scratch], hidden=[results])
         assert os.getppid() == {os.getpid()}
         assert denied(os.kill, os.getppid(), 0)
@@ -115,21 +130,25 @@ def test_signals_scoped_to_the_sandbox(tmp_path):
         os.kill(kid.pid, 0)
         kid.kill()
         assert kid.wait() != 0
-    """)
+    """,
+    )
 
 
 def test_unavailable_landlock_changes_nothing(tmp_path):
     abi = sandbox.abi_version()
     assert isinstance(abi, int) and abi >= 0
     _layout(tmp_path)
-    proc = _child(tmp_path, """
+    proc = _child(
+        tmp_path,
+        """
         sandbox.abi_version = lambda: 0
         desc = sandbox.restrict(writable=[scratch], hidden=[results])
         print(desc)
         assert (results / "key").read_text() == "secret"
         (results / "x").write_text("x")
         (other / "g").write_text("x")
-    """)
+    """,
+    )
     assert proc.stdout.startswith("none")
     assert (tmp_path / "results" / "x").exists() and (tmp_path / "other" / "g").exists()
 
@@ -137,7 +156,9 @@ def test_unavailable_landlock_changes_nothing(tmp_path):
 def test_bad_arguments_raise_before_restricting(tmp_path):
     _need_landlock()
     _layout(tmp_path)
-    _child(tmp_path, """
+    _child(
+        tmp_path,
+        """
         try:
             sandbox.restrict(writable=[root], hidden=[results])
             raise SystemExit("no ValueError for a writable parent of a hidden path")
@@ -150,4 +171,5 @@ def test_bad_arguments_raise_before_restricting(tmp_path):
             assert e.filename == str(root / "missing"), e
         assert (results / "key").read_text() == "secret"
         (other / "g").write_text("x")
-    """)
+    """,
+    )

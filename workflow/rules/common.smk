@@ -104,6 +104,7 @@ ENV_E2E = "../../envs/kb_nano_e2e.yaml"
 E2E_HARNESS = [
     str(kbw.PACKAGE_DIR / f)
     for f in (
+        "e2e/commands.py",
         "e2e/job.py",
         "e2e/vllm_plugin.py",
         "e2e/vllm_cli.py",

@@ -38,8 +38,11 @@ with open(snakemake.log[0], "w") as log:
 
         traceback.print_exc(file=log)
         first = " ".join(str(exc).split())[:200]
-        print(f"kb-nano error: MLflow logging failed ({type(exc).__name__}: {first}); the merged results are "
-              f"kept; check the store {snakemake.params.tracking_uri} (details: {snakemake.log[0]})", file=sys.stderr)
+        print(
+            f"kb-nano error: MLflow logging failed ({type(exc).__name__}: {first}); the merged results are "
+            f"kept; check the store {snakemake.params.tracking_uri} (details: {snakemake.log[0]})",
+            file=sys.stderr,
+        )
         sys.exit(1)
     what = "created run" if record["created"] else "unchanged inputs; kept run"
     print(f"{what} {record['run_id']} in {record['experiment']} ({record['tracking_uri']})", file=log)

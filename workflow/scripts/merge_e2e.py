@@ -13,4 +13,7 @@ rows = merge_e2e(
     skipped=list(snakemake.params.skipped),
 )
 with open(snakemake.log[0], "w") as log:
-    print(f"merged {len(snakemake.input.shards)} {tier} shards + {len(snakemake.params.skipped)} skipped = {len(rows)} rows", file=log)
+    print(
+        f"merged {len(snakemake.input.shards)} {tier} shards + {len(snakemake.params.skipped)} skipped = {len(rows)} rows",
+        file=log,
+    )

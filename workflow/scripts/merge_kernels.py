@@ -17,4 +17,7 @@ rows = merge(
     secret=key(Path(".")),
 )
 with open(snakemake.log[0], "w") as log:
-    print(f"merged {len(snakemake.input.shards)} shards + {len(not_applicable)} not-applicable rows = {len(rows)} rows", file=log)
+    print(
+        f"merged {len(snakemake.input.shards)} shards + {len(not_applicable)} not-applicable rows = {len(rows)} rows",
+        file=log,
+    )

@@ -28,7 +28,9 @@ def _read_yaml(path: Path) -> dict:
     except FileNotFoundError:
         raise KbNanoError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise KbNanoError(f"{path}: cannot read the config file ({type(exc).__name__}: {exc.strerror if isinstance(exc, OSError) else 'not UTF-8'})") from None
+        raise KbNanoError(
+            f"{path}: cannot read the config file ({type(exc).__name__}: {exc.strerror if isinstance(exc, OSError) else 'not UTF-8'})"
+        ) from None
     except yaml.YAMLError as exc:
         raise KbNanoError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
     if not isinstance(data, dict):
@@ -57,7 +59,10 @@ def select_models(requested: list[str], configured: list[str], root: Path) -> li
     keys = {spec: resolve(spec, root).key for spec in configured}
     chosen: list[str] = []
     # Paths on the command line are relative to the user's directory, not the workflow root.
-    requested = [str(Path(w).resolve()) if Path(w).exists() and not (root / "config/models" / w).exists() else w for w in requested]
+    requested = [
+        str(Path(w).resolve()) if Path(w).exists() and not (root / "config/models" / w).exists() else w
+        for w in requested
+    ]
     for want in requested:
         hits = [spec for spec, key in keys.items() if key.startswith(want) or spec == want]
         if not hits:
@@ -77,8 +82,22 @@ def config_overrides(args, root: Path, base: dict) -> dict:
     for flag, key in (("target", "targets"), ("category", "categories"), ("candidate", "candidates")):
         if getattr(args, flag, None):
             cfg[key] = getattr(args, flag)
-    for flag in ("num_warmup", "num_runs", "num_trials", "atol", "rtol", "device", "output_json", "timeout_s", "dtype",
-                 "cuda_graph", "speedup_basis", "float32_matmul_precision", "memory_limit_gb", "seed"):
+    for flag in (
+        "num_warmup",
+        "num_runs",
+        "num_trials",
+        "atol",
+        "rtol",
+        "device",
+        "output_json",
+        "timeout_s",
+        "dtype",
+        "cuda_graph",
+        "speedup_basis",
+        "float32_matmul_precision",
+        "memory_limit_gb",
+        "seed",
+    ):
         value = getattr(args, flag, None)
         if value is not None:
             cfg[flag] = value
@@ -92,12 +111,26 @@ def config_overrides(args, root: Path, base: dict) -> dict:
 
 
 _FLAG_FOR_KEY = {
-    "models": "--model", "tp": "--tp", "num_tokens": "--num-tokens", "targets": "--target",
-    "categories": "--category", "candidates": "--candidate", "num_warmup": "--num-warmup",
-    "num_runs": "--num-runs", "atol": "--atol", "rtol": "--rtol", "device": "--device",
-    "timeout_s": "--timeout-s", "output_json": "--output-json", "dtype": "--dtype",
-    "num_trials": "--num-trials", "cuda_graph": "--cuda-graph", "float32_matmul_precision": "--float32-matmul-precision",
-    "memory_limit_gb": "--memory-limit-gb", "seed": "--seed", "speedup_basis": "--speedup-basis",
+    "models": "--model",
+    "tp": "--tp",
+    "num_tokens": "--num-tokens",
+    "targets": "--target",
+    "categories": "--category",
+    "candidates": "--candidate",
+    "num_warmup": "--num-warmup",
+    "num_runs": "--num-runs",
+    "atol": "--atol",
+    "rtol": "--rtol",
+    "device": "--device",
+    "timeout_s": "--timeout-s",
+    "output_json": "--output-json",
+    "dtype": "--dtype",
+    "num_trials": "--num-trials",
+    "cuda_graph": "--cuda-graph",
+    "float32_matmul_precision": "--float32-matmul-precision",
+    "memory_limit_gb": "--memory-limit-gb",
+    "seed": "--seed",
+    "speedup_basis": "--speedup-basis",
 }
 
 
@@ -153,23 +186,32 @@ def _check_output_json(root: Path, output_json: str, tier: str = "kernels", conf
     not a directory. Raises ``KbNanoError`` (one line)."""
     path = Path(output_json) if Path(output_json).is_absolute() else root / output_json
     real, results = path.resolve(), (root / "results").resolve()
-    others = {t: (c or {}).get("output_json") for t, c in (("kernels", config), ("e2e", (config or {}).get("e2e")),
-                                                              ("eval", (config or {}).get("eval"))) if t != tier}
+    others = {
+        t: (c or {}).get("output_json")
+        for t, c in (("kernels", config), ("e2e", (config or {}).get("e2e")), ("eval", (config or {}).get("eval")))
+        if t != tier
+    }
     reserved = {root / f"results/{t}.parquet" for t in ("kernels", "e2e", "eval")} | {root / "results/inputs/llm.yaml"}
     reserved |= {root / o for o in others.values() if o}
     reserved |= {root / f"results/{t}.json" for t in ("kernels", "e2e", "eval") if t != tier}
     owned = ("mlflow", "inputs", "golden", "kernels", "e2e", "eval", "logs", "plots", "mlflow-artifacts", ".locks")
-    if (real in {p.resolve() for p in reserved} or any((results / d) == real or (results / d) in real.parents for d in owned)):
+    if real in {p.resolve() for p in reserved} or any(
+        (results / d) == real or (results / d) in real.parents for d in owned
+    ):
         raise KbNanoError(f"--output-json {output_json}: that path belongs to another kb-nano output; pick another")
     if root.resolve() in real.parents and results not in real.parents:
-        raise KbNanoError(f"--output-json {output_json}: inside the workflow directory but not under results/; "
-                          "it could overwrite a workflow file; pick a path under results/ or outside the workflow")
+        raise KbNanoError(
+            f"--output-json {output_json}: inside the workflow directory but not under results/; "
+            "it could overwrite a workflow file; pick a path under results/ or outside the workflow"
+        )
     if path.is_dir():
         raise KbNanoError(f"--output-json {output_json}: is a directory; give a file path ending in .json")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise KbNanoError(f"--output-json {output_json}: {path.parent} is not writable ({exc.strerror}); pick another path") from None
+        raise KbNanoError(
+            f"--output-json {output_json}: {path.parent} is not writable ({exc.strerror}); pick another path"
+        ) from None
     if not os.access(path.parent, os.W_OK):
         raise KbNanoError(f"--output-json {output_json}: {path.parent} is not writable; pick another path")
     if "{" in output_json or "}" in output_json:

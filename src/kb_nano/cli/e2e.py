@@ -22,12 +22,21 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
 
     e2e = dict(base.get("e2e") or {})
     if args.model:
-        e2e["models"] = [str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m
-                         for m in args.model]
+        e2e["models"] = [
+            str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m for m in args.model
+        ]
     if args.tp:
         e2e["tp"] = args.tp
-    for flag in ("seed", "dtype", "max_model_len", "enforce_eager", "load_format", "timeout_s", "device",
-                 "output_json"):
+    for flag in (
+        "seed",
+        "dtype",
+        "max_model_len",
+        "enforce_eager",
+        "load_format",
+        "timeout_s",
+        "device",
+        "output_json",
+    ):
         value = getattr(args, flag, None)
         if value is not None:
             e2e[flag] = value
@@ -55,8 +64,10 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
     from kb_nano.tracking import marker_path
 
     if vllm_version() is None:
-        raise KbNanoError("vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
-                          "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)")
+        raise KbNanoError(
+            "vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
+            "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)"
+        )
     root = find_workflow_root()
     base = base_config(root, args.configfile)
     e2e = _e2e_overrides(args, root, base)
@@ -73,8 +84,10 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
 
     doc = json.loads((root / output_json).read_text())
     print_e2e(doc["rows"])
-    print(f"results: {root / 'results/e2e.parquet'}, {root / output_json}; vLLM's JSON per job under "
-          f"{root / 'results/e2e'}")
+    print(
+        f"results: {root / 'results/e2e.parquet'}, {root / output_json}; vLLM's JSON per job under "
+        f"{root / 'results/e2e'}"
+    )
     print_mlflow_record(root, marker, marker_before)
     return 0
 
@@ -91,7 +104,9 @@ def cmd_eval(args, passthrough: list[str]) -> int:
     base = base_config(root, args.configfile)
     ev = dict(base.get("eval") or {})
     if args.model:
-        ev["models"] = [str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m for m in args.model]
+        ev["models"] = [
+            str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m for m in args.model
+        ]
     for flag, key in (("tp", "tp"), ("category", "categories"), ("candidate", "candidates")):
         if getattr(args, flag):
             ev[key] = getattr(args, flag)
@@ -108,8 +123,10 @@ def cmd_eval(args, passthrough: list[str]) -> int:
     preflight(root, base, {"eval": ev}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
     plan = eval_plan.plan(root, {**base, "eval": ev})
     if not args.dry_run and vllm_version() is None:
-        raise KbNanoError("vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
-                          "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)")
+        raise KbNanoError(
+            "vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
+            "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)"
+        )
     for key, tp, why in plan["skipped"]:
         print(f"skip {key} tp={tp}: {why}", file=sys.stderr)
     # On GPUs the pool bounds concurrency (--resources gpu=N) and the ids jobs lease

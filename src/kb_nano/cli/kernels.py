@@ -32,8 +32,10 @@ def cmd_list(args) -> int:
         shown += 1
     make_console().print(table)
     if not shown:
-        print(f"no operators at level {args.level} yet (levels present: "
-              f"{', '.join(sorted({f'L{e.level}' for e in operators.CATALOG.values()}))})")
+        print(
+            f"no operators at level {args.level} yet (levels present: "
+            f"{', '.join(sorted({f'L{e.level}' for e in operators.CATALOG.values()}))})"
+        )
     return 0
 
 
@@ -93,8 +95,11 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
     ignored = kbw.cpu_ignored(effective)
     if ignored:
-        print(f"note: {', '.join(ignored)} change nothing on a CPU run (a CPU has the eager timer only; rows "
-              "say speedup_basis=eager)", file=sys.stderr)
+        print(
+            f"note: {', '.join(ignored)} change nothing on a CPU run (a CPU has the eager timer only; rows "
+            "say speedup_basis=eager)",
+            file=sys.stderr,
+        )
     if args.map:
         return cmd_map(args, root, base)
     output_json = effective["output_json"]
@@ -138,8 +143,10 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
     manifest = load(root / "results/inputs/llm.yaml")
     scenarios = manifest["scenarios"]
     na = [s for s in scenarios if not s["applicable"]]
-    print(f"{root / 'results/inputs/llm.yaml'}: {len(scenarios)} scenarios for {', '.join(manifest['models'])}; "
-          f"{len(na)} not applicable")
+    print(
+        f"{root / 'results/inputs/llm.yaml'}: {len(scenarios)} scenarios for {', '.join(manifest['models'])}; "
+        f"{len(na)} not applicable"
+    )
     for s in na:
         print(f"  n/a {s['scenario_id']}: {s['reason']}")
     return 0
@@ -189,10 +196,12 @@ def cmd_capture_golden(args, passthrough: list[str]) -> int:
             layers = meta["num_hidden_layers"]
             shapes = ", ".join(f"{k} {v['shape']}" for k, v in list(meta["tensors"].items())[:3])
             more = len(meta["tensors"]) - 3
-            print(f"{sidecar.with_suffix('.safetensors')}: {meta['operator']} of {key} "
-                  f"({layers['captured']} of {layers['model']} layers, {meta['weights'].split(':')[0]} weights, "
-                  f"{meta['prompts']['count']} prompts x {meta['prompts']['seq_len']} tokens, {meta['dtype']}): "
-                  f"{shapes}{f' (+{more} more)' if more > 0 else ''}")
+            print(
+                f"{sidecar.with_suffix('.safetensors')}: {meta['operator']} of {key} "
+                f"({layers['captured']} of {layers['model']} layers, {meta['weights'].split(':')[0]} weights, "
+                f"{meta['prompts']['count']} prompts x {meta['prompts']['seq_len']} tokens, {meta['dtype']}): "
+                f"{shapes}{f' (+{more} more)' if more > 0 else ''}"
+            )
     written = sorted({p.stem for k in keys for p in (root / GOLDEN_DIR / k).glob("*.json")})
     print(f"{', '.join(written)} scenarios of {', '.join(keys)} now use them (input_source = golden)")
     return 0

@@ -13,8 +13,10 @@ from kb_nano.errors import KbNanoError
 
 
 def _tracking_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, config mlflow_tracking_uri, "
-                                          "else sqlite results/mlflow.db)")
+    p.add_argument(
+        "--tracking-uri",
+        help="MLflow store (default: $MLFLOW_TRACKING_URI, config mlflow_tracking_uri, else sqlite results/mlflow.db)",
+    )
     p.add_argument("--configfile", help="config file layered over config/config.yaml (for mlflow_tracking_uri)")
 
 
@@ -31,7 +33,9 @@ def _positive_int(value: str) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", nargs="+", action="extend", help="model key prefix (llama31), vendored Hub id, or config.json path")
+    p.add_argument(
+        "--model", nargs="+", action="extend", help="model key prefix (llama31), vendored Hub id, or config.json path"
+    )
     p.add_argument("--tp", nargs="+", action="extend", type=int, help="tensor-parallel degree(s)")
     p.add_argument("--num-tokens", nargs="+", action="extend", type=int, help="token count(s) per scenario")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
@@ -41,7 +45,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _snakemake_flags(p: argparse.ArgumentParser) -> None:
     """The flags every command that runs the workflow shares."""
     p.add_argument("--configfile", help="config file whose keys override config/config.yaml")
-    p.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores: a positive number or 'all' (default)")
+    p.add_argument(
+        "--cores", default="all", type=_cores, help="Snakemake --cores: a positive number or 'all' (default)"
+    )
     p.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
     p.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command and rule details")
 
@@ -63,39 +69,76 @@ def build_parser() -> argparse.ArgumentParser:
     _common(k)
     k.add_argument("--target", nargs="+", action="extend", help="operator name(s), e.g. rms_norm")
     k.add_argument("--category", nargs="+", action="extend", help="operator category(ies), e.g. norm")
-    k.add_argument("--candidate", nargs="+", action="extend", help="candidate id(s) or prefixes, e.g. rms_norm/torch_fused")
+    k.add_argument(
+        "--candidate", nargs="+", action="extend", help="candidate id(s) or prefixes, e.g. rms_norm/torch_fused"
+    )
     k.add_argument("--num-warmup", type=int, help="untimed calls per side (default 10)")
-    k.add_argument("--num-runs", type=int, help="timed eager calls per side, at least (default 100; CPU: small calls "
-                   "get more, at least 10 batches of about 5 ms; CUDA: blocks run until the interval is within "
-                   "ci_target or max_timing_s; the row's num_runs says how many ran)")
-    k.add_argument("--atol", type=float, help="absolute tolerance for every operator (default: each operator's own, "
-                   "e.g. 0.01 for bf16 pointwise ops; README: Operators)")
-    k.add_argument("--rtol", type=float, help="relative tolerance for every operator (default: each operator's own; "
-                   "0 = max-abs-error only)")
+    k.add_argument(
+        "--num-runs",
+        type=int,
+        help="timed eager calls per side, at least (default 100; CPU: small calls "
+        "get more, at least 10 batches of about 5 ms; CUDA: blocks run until the interval is within "
+        "ci_target or max_timing_s; the row's num_runs says how many ran)",
+    )
+    k.add_argument(
+        "--atol",
+        type=float,
+        help="absolute tolerance for every operator (default: each operator's own, "
+        "e.g. 0.01 for bf16 pointwise ops; README: Operators)",
+    )
+    k.add_argument(
+        "--rtol",
+        type=float,
+        help="relative tolerance for every operator (default: each operator's own; 0 = max-abs-error only)",
+    )
     k.add_argument("--device", help="auto | cpu | cuda[:i] (default auto)")
     k.add_argument("--timeout-s", type=float, help="seconds per kernel job, i.e. per scenario (default 600)")
-    k.add_argument("--num-trials", type=int, help="correctness trials on fresh inputs before timing (default 3, at least 2)")
-    k.add_argument("--seed", type=int, help="replay: use this measurement seed (a row's `seed`) instead of a fresh one "
-                   "from the OS; the same seed gives the same trial inputs and parameters")
-    k.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="CUDA: also time K calls per CUDA-graph replay (columns *_graph_ms; default on)")
-    k.add_argument("--speedup-basis", choices=["auto", "kernel", "graph", "eager"],
-                   help="the timer `speedup` comes from (default auto: kernel on CUDA, eager on a CPU, where it is "
-                        "the only one); recorded per row as speedup_basis")
-    k.add_argument("--float32-matmul-precision", choices=["highest", "high", "medium"],
-                   help="torch.set_float32_matmul_precision for both sides (default highest: no TF32)")
-    k.add_argument("--memory-limit-gb", type=float,
-                   help="address-space cap of a CPU worker in GiB, at least 2 (the worker maps ~1 GiB before the "
-                        "candidate runs); a candidate past it gets runtime_error (default none)")
+    k.add_argument(
+        "--num-trials", type=int, help="correctness trials on fresh inputs before timing (default 3, at least 2)"
+    )
+    k.add_argument(
+        "--seed",
+        type=int,
+        help="replay: use this measurement seed (a row's `seed`) instead of a fresh one "
+        "from the OS; the same seed gives the same trial inputs and parameters",
+    )
+    k.add_argument(
+        "--cuda-graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CUDA: also time K calls per CUDA-graph replay (columns *_graph_ms; default on)",
+    )
+    k.add_argument(
+        "--speedup-basis",
+        choices=["auto", "kernel", "graph", "eager"],
+        help="the timer `speedup` comes from (default auto: kernel on CUDA, eager on a CPU, where it is "
+        "the only one); recorded per row as speedup_basis",
+    )
+    k.add_argument(
+        "--float32-matmul-precision",
+        choices=["highest", "high", "medium"],
+        help="torch.set_float32_matmul_precision for both sides (default highest: no TF32)",
+    )
+    k.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        help="address-space cap of a CPU worker in GiB, at least 2 (the worker maps ~1 GiB before the "
+        "candidate runs); a candidate past it gets runtime_error (default none)",
+    )
     k.add_argument("--output-json", help="merged JSON path (default results/kernels.json)")
     k.add_argument("--list", action="store_true", help="list the operators (targets) and exit")
     k.add_argument("--level", type=int, choices=[1, 2, 3, 4], help="with --list: only this level")
     k.add_argument("--map", action="store_true", help="show each model's operators and per-rank shapes and exit")
-    k.add_argument("--gpu-pool", type=_positive_int, metavar="N",
-                   help="use the first N GPUs of the pool (CUDA_VISIBLE_DEVICES, else all visible): "
-                        "--resources gpu=N and each job leases one of those N devices")
-    k.add_argument("--fail-on-error", action="store_true",
-                   help="exit 1 when any row is neither passed nor skipped (for CI gates)")
+    k.add_argument(
+        "--gpu-pool",
+        type=_positive_int,
+        metavar="N",
+        help="use the first N GPUs of the pool (CUDA_VISIBLE_DEVICES, else all visible): "
+        "--resources gpu=N and each job leases one of those N devices",
+    )
+    k.add_argument(
+        "--fail-on-error", action="store_true", help="exit 1 when any row is neither passed nor skipped (for CI gates)"
+    )
     k.set_defaults(func=cmd_kernels)
 
     g = sub.add_parser("generate-inputs", help="write the scenario manifest results/inputs/llm.yaml")
@@ -103,8 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate_inputs)
 
     c = sub.add_parser("capture-golden", help="capture real inputs of attention / fused_moe / sampler from a model run")
-    c.add_argument("--model", nargs="+", action="extend", required=True,
-                   help="model key prefix (qwen3-8b), vendored Hub id (Qwen/Qwen3-8B), or config.json path")
+    c.add_argument(
+        "--model",
+        nargs="+",
+        action="extend",
+        required=True,
+        help="model key prefix (qwen3-8b), vendored Hub id (Qwen/Qwen3-8B), or config.json path",
+    )
     c.add_argument("--weights", help="directory of local weights (default: random weights from the config)")
     c.add_argument("--num-layers", type=int, help="decoder layers to keep (default 2; 0 = all)")
     c.add_argument("--force", action="store_true", help="capture again even if the files are up to date")
@@ -113,22 +161,42 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("e2e", help="Tier 2: vLLM's own benchmarks with candidates swapped into the engine")
     esub = e.add_subparsers(dest="kind", required=True)
-    for kind, text in (("throughput", "offline throughput (vllm bench throughput): requests/s, tokens/s"),
-                       ("latency", "one batch end to end (vllm bench latency): average and percentiles"),
-                       ("serve", "vllm serve on loopback driven by vllm bench serve: TTFT, TPOT, ITL, E2EL")):
+    for kind, text in (
+        ("throughput", "offline throughput (vllm bench throughput): requests/s, tokens/s"),
+        ("latency", "one batch end to end (vllm bench latency): average and percentiles"),
+        ("serve", "vllm serve on loopback driven by vllm bench serve: TTFT, TPOT, ITL, E2EL"),
+    ):
         p = esub.add_parser(kind, help=text)
-        p.add_argument("--model", nargs="+", action="extend",
-                       help="model directory (config.json [+ weights + tokenizer]), key or vendored Hub id "
-                            "(default: the embedded tiny Llama)")
-        p.add_argument("--tp", "--tensor-parallel-size", dest="tp", nargs="+", action="extend", type=int,
-                       help="tensor-parallel degree(s)")
+        p.add_argument(
+            "--model",
+            nargs="+",
+            action="extend",
+            help="model directory (config.json [+ weights + tokenizer]), key or vendored Hub id "
+            "(default: the embedded tiny Llama)",
+        )
+        p.add_argument(
+            "--tp",
+            "--tensor-parallel-size",
+            dest="tp",
+            nargs="+",
+            action="extend",
+            type=int,
+            help="tensor-parallel degree(s)",
+        )
         p.add_argument("--seed", type=int)
         p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
         p.add_argument("--max-model-len", type=int)
-        p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
-                       help="vLLM --enforce-eager (default on in config/config.yaml)")
-        p.add_argument("--load-format", choices=["auto", "dummy"],
-                       help="dummy = random weights; auto = the model directory's weights if any, else dummy")
+        p.add_argument(
+            "--enforce-eager",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="vLLM --enforce-eager (default on in config/config.yaml)",
+        )
+        p.add_argument(
+            "--load-format",
+            choices=["auto", "dummy"],
+            help="dummy = random weights; auto = the model directory's weights if any, else dummy",
+        )
         p.add_argument("--output-json", help="merged JSON (default results/e2e.json)")
         p.add_argument("--input-len", type=int)
         p.add_argument("--output-len", type=int)
@@ -145,8 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--batch-size", type=int)
             p.add_argument("--num-iters-warmup", type=int)
             p.add_argument("--num-iters", type=int)
-        p.add_argument("--candidates", nargs="+", action="extend",
-                       help="candidate ids or prefixes of the candidate variant (default: all that run inside vLLM)")
+        p.add_argument(
+            "--candidates",
+            nargs="+",
+            action="extend",
+            help="candidate ids or prefixes of the candidate variant (default: all that run inside vLLM)",
+        )
         p.add_argument("--baseline", action="store_true", help="run only the baseline variant")
         p.add_argument("--timeout-s", type=float, help="seconds per job (default 900)")
         p.add_argument("--device", choices=["auto", "cpu", "cuda"])
@@ -154,19 +226,39 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=cmd_e2e)
 
     v = sub.add_parser("eval", help="Tier 3: standardized workloads x model x TP, baseline vs candidates (vLLM)")
-    v.add_argument("--model", nargs="+", action="extend",
-                   help="models (default: the configured models the candidates apply to; --smoke: the tiny Llama)")
-    v.add_argument("--tp", "--tensor-parallel-size", dest="tp", nargs="+", action="extend", type=int,
-                   help="tensor-parallel degrees (default 1 4)")
+    v.add_argument(
+        "--model",
+        nargs="+",
+        action="extend",
+        help="models (default: the configured models the candidates apply to; --smoke: the tiny Llama)",
+    )
+    v.add_argument(
+        "--tp",
+        "--tensor-parallel-size",
+        dest="tp",
+        nargs="+",
+        action="extend",
+        type=int,
+        help="tensor-parallel degrees (default 1 4)",
+    )
     v.add_argument("--category", nargs="+", action="extend", help="operator categories of the candidates (default all)")
-    v.add_argument("--candidate", "--candidates", dest="candidate", nargs="+", action="extend",
-                   help="candidate ids (default: every candidate vLLM can run, one per target)")
+    v.add_argument(
+        "--candidate",
+        "--candidates",
+        dest="candidate",
+        nargs="+",
+        action="extend",
+        help="candidate ids (default: every candidate vLLM can run, one per target)",
+    )
     v.add_argument("--num-prompts", type=int, help="prompts per throughput workload (default 1000)")
     v.add_argument("--gpu-pool", type=int, help="GPUs the sweep may use at once (default 8)")
     v.add_argument("--seed", type=int, help="vLLM --seed (default 42)")
     v.add_argument("--output-json", help="merged JSON (default results/eval.json)")
-    v.add_argument("--smoke", action="store_true",
-                   help="CPU smoke run: lengths / 16, 16 prompts, 1+3 latency iterations (recorded in every row)")
+    v.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU smoke run: lengths / 16, 16 prompts, 1+3 latency iterations (recorded in every row)",
+    )
     v.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto (default) | cpu | cuda")
     v.add_argument("--timeout-s", type=float, help="seconds per job (default 3600)")
     _snakemake_flags(v)
@@ -178,8 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--candidate", help="only runs that include this candidate id (or id prefix)")
     h.add_argument("--model", help="only runs that include this model key (or key prefix, e.g. llama31)")
     h.add_argument("--limit", type=int, default=20, help="at most this many runs, newest first (default 20)")
-    h.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
-                   help="per-scenario speedup changes from run A to run B (ids or unique prefixes)")
+    h.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("RUN_A", "RUN_B"),
+        help="per-scenario speedup changes from run A to run B (ids or unique prefixes)",
+    )
     _tracking_flags(h)
     h.set_defaults(func=cmd_history)
 

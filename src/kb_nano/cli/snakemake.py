@@ -26,7 +26,16 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
     import tempfile
 
     # Targets first: --configfile and --quiet take several values and would swallow them.
-    cmd = [sys.executable, "-m", "snakemake", *targets, "--snakefile", str(root / "Snakefile"), "--directory", str(root)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        *targets,
+        "--snakefile",
+        str(root / "Snakefile"),
+        "--directory",
+        str(root),
+    ]
     cmd += ["--cores", str(args.cores)]
     env = dict(os.environ)
     pool = gpus.pool()
@@ -34,8 +43,10 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
     if gpu_pool is not None:
         if gpu_pool > len(pool):
             seen = f"only {len(pool)} ({','.join(pool)})" if pool else "none"
-            raise KbNanoError(f"--gpu-pool {gpu_pool}: {seen} visible here (CUDA_VISIBLE_DEVICES / "
-                              f"{gpus.POOL_ENV} / nvidia-smi); pass at most that many")
+            raise KbNanoError(
+                f"--gpu-pool {gpu_pool}: {seen} visible here (CUDA_VISIBLE_DEVICES / "
+                f"{gpus.POOL_ENV} / nvidia-smi); pass at most that many"
+            )
         pool = pool[:gpu_pool]
         env[gpus.POOL_ENV] = ",".join(pool)
     if pool and "--resources" not in passthrough:
@@ -116,10 +127,16 @@ def print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> N
 def workflow_failed(root: Path, code: int, tier: str) -> int:
     """Say that Snakemake failed, where the rows already written are kept and, when the
     directory is locked, how to unlock it; returns ``code``."""
-    print(f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
-          f"{root / 'results' / tier}; see the messages above", file=sys.stderr)
+    print(
+        f"error: the Snakemake workflow failed (exit {code}); rows already written are kept under "
+        f"{root / 'results' / tier}; see the messages above",
+        file=sys.stderr,
+    )
     if any((root / ".snakemake/locks").glob("*")):
         command = {"kernels": "kernels", "e2e": "e2e latency", "eval": "eval"}[tier]
-        print("hint: the directory is locked; if no other kb_nano/snakemake run is active, "
-              f"run `kb_nano {command} -- --unlock`", file=sys.stderr)
+        print(
+            "hint: the directory is locked; if no other kb_nano/snakemake run is active, "
+            f"run `kb_nano {command} -- --unlock`",
+            file=sys.stderr,
+        )
     return code

@@ -37,8 +37,10 @@ def cmd_history(args, passthrough: list[str]) -> int:
         if not type(exc).__module__.startswith(("sqlalchemy", "mlflow", "sqlite3", "alembic")):
             raise
         _, uri = _tracking_uri(args)
-        raise KbNanoError(f"the MLflow store {uri} cannot be read ({type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())[:160]}); move it away or point --tracking-uri elsewhere") from None
+        raise KbNanoError(
+            f"the MLflow store {uri} cannot be read ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:160]}); move it away or point --tracking-uri elsewhere"
+        ) from None
 
 
 def _history(args, passthrough: list[str]) -> int:
@@ -58,14 +60,23 @@ def _history(args, passthrough: list[str]) -> int:
         both = [r for r in result["rows"] if r["status_a"] and r["status_b"]]
         changed = sum(r["status_a"] != r["status_b"] for r in both)
         only = {k: sum(r[f"status_{k}"] is None for r in result["rows"]) for k in ("a", "b")}
-        gm = {k: f"{s['geomean_speedup']:.3f}x" if s["geomean_speedup"] is not None else "-" for k, s in (("a", a), ("b", b))}
-        console.print(f"geomean speedup A {gm['a']} -> B {gm['b']}; {len(both)} rows in both runs, {changed} changed "
-                      f"status; {only['b']} only in A, {only['a']} only in B")
+        gm = {
+            k: f"{s['geomean_speedup']:.3f}x" if s["geomean_speedup"] is not None else "-"
+            for k, s in (("a", a), ("b", b))
+        }
+        console.print(
+            f"geomean speedup A {gm['a']} -> B {gm['b']}; {len(both)} rows in both runs, {changed} changed "
+            f"status; {only['b']} only in A, {only['a']} only in B"
+        )
         return 0
-    runs = history.list_runs(uri, tier=args.tier, target=args.target, candidate=args.candidate, model=args.model,
-                             limit=args.limit)
-    filters = ", ".join(f"{k} {v}" for k, v in (("tier", args.tier), ("target", args.target),
-                                                 ("candidate", args.candidate), ("model", args.model)) if v)
+    runs = history.list_runs(
+        uri, tier=args.tier, target=args.target, candidate=args.candidate, model=args.model, limit=args.limit
+    )
+    filters = ", ".join(
+        f"{k} {v}"
+        for k, v in (("tier", args.tier), ("target", args.target), ("candidate", args.candidate), ("model", args.model))
+        if v
+    )
     if not runs:
         print(f"no kb-nano runs{' matching ' + filters if filters else ''} in {uri}")
         return 0
@@ -110,21 +121,40 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
         print(f"MLflow UI: {uri.rstrip('/')}/ (served by the tracking server itself; nothing to start)")
         return 0
     url = f"http://{_url_host(args.host)}:{args.port}/"
-    with contextlib.suppress(OSError), socket.create_connection((_url_host(args.host).strip("[]"), args.port), timeout=1):
+    with (
+        contextlib.suppress(OSError),
+        socket.create_connection((_url_host(args.host).strip("[]"), args.port), timeout=1),
+    ):
         raise KbNanoError(f"port {args.port} on {args.host} is already in use; pick another with --port")
     db = sqlite_path(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host,
-           "--port", str(args.port), "--workers", str(args.workers)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--workers",
+        str(args.workers),
+    ]
     art = artifact_root(uri)
     if art is not None:
         cmd += ["--artifacts-destination", str(art)]
     cmd += passthrough
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: the MLflow UI has no authentication; anyone who can reach {args.host}:{args.port} "
-              f"can read and delete runs", file=sys.stderr)
+        print(
+            f"warning: the MLflow UI has no authentication; anyone who can reach {args.host}:{args.port} "
+            f"can read and delete runs",
+            file=sys.stderr,
+        )
     proc = subprocess.Popen(cmd)
+
     def stop(signum, frame):
         raise KeyboardInterrupt  # SIGTERM: stop the server too (see finally)
 
@@ -133,7 +163,9 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
         deadline = time.monotonic() + args.start_timeout
         while True:
             if proc.poll() is not None:
-                raise KbNanoError(f"mlflow ui exited with status {proc.returncode} before serving; see its messages above")
+                raise KbNanoError(
+                    f"mlflow ui exited with status {proc.returncode} before serving; see its messages above"
+                )
             try:
                 with urllib.request.urlopen(url + "health", timeout=2) as resp:
                     if resp.status == 200:

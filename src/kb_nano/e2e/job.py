@@ -25,95 +25,31 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import kb_nano
 from kb_nano import gpus
+from kb_nano.e2e.commands import bench_command, free_port, serve_commands, wait_healthy
+from kb_nano.e2e.workloads import Workload
 from kb_nano.files import atomic_write_text
 from kb_nano.provenance import git_sha, package_version
 from kb_nano.schema import PERCENTILES, SERVE_METRICS, e2e_table, make_e2e_row, write_table
-from kb_nano.e2e.workloads import Workload, bench_args
 
 _OUTPUT_TOKENS_RE = re.compile(r"Total num output tokens:\s+(\d+)")
 _ERROR_LINE_RE = re.compile(r"(Error|Exception|error:)")
 
 
-VLLM = [sys.executable, "-m", "kb_nano.e2e.vllm_cli"]
-
-
-def engine_args(model: dict, tp: int, engine: dict) -> list[str]:
-    """vLLM engine flags of a job (``--tokenizer``, ``--load-format``, TP, seed, dtype,
-    ``--max-model-len``, ``--enforce-eager``); ``model``: ``path``, ``tokenizer``,
-    ``load_format``; ``engine``: ``dtype``, ``max_model_len``, ``enforce_eager``, ``seed``."""
-    cmd = ["--tokenizer", str(model["tokenizer"]), "--load-format", model["load_format"],
-           "--tensor-parallel-size", str(tp), "--seed", str(engine["seed"]), "--dtype", str(engine["dtype"])]
-    if engine.get("max_model_len"):
-        cmd += ["--max-model-len", str(engine["max_model_len"])]
-    if engine.get("enforce_eager"):
-        cmd += ["--enforce-eager"]
-    return cmd
-
-
-def bench_command(model: dict, tp: int, workload: Workload, engine: dict, output_json: str) -> list[str]:
-    """The ``vllm bench throughput|latency`` command line (argv) of one job."""
-    return [*VLLM, "bench", workload.kind, "--model", str(model["path"]), *engine_args(model, tp, engine),
-            *bench_args(workload), "--output-json", output_json]
-
-
-def serve_commands(model: dict, tp: int, workload: Workload, engine: dict, port: int, result: Path) -> tuple[list, list]:
-    """``(vllm serve ..., vllm bench serve ...)`` of a serve job: the server on
-    127.0.0.1:``port`` with the engine flags; the client with the workload's flags, the
-    TTFT/TPOT/ITL/E2EL percentiles 10..99 and ``--save-result`` into ``result``."""
-    server = [*VLLM, "serve", str(model["path"]), "--host", "127.0.0.1", "--port", str(port),
-              *engine_args(model, tp, engine)]
-    client = [*VLLM, "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}",
-              "--model", str(model["path"]), "--tokenizer", str(model["tokenizer"]), "--seed", str(engine["seed"]),
-              *bench_args(workload), "--percentile-metrics", ",".join(SERVE_METRICS),
-              "--metric-percentiles", ",".join(str(q) for q in PERCENTILES), "--save-result",
-              "--result-dir", str(result.parent), "--result-filename", result.name]
-    return server, client
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(proc: subprocess.Popen, port: int, deadline: float) -> int | None:
-    """Poll ``/health`` until it answers 200 (returns None), the server exits (returns its
-    status) or ``deadline`` (``time.monotonic()``) passes (raises ``TimeoutError``)."""
-    import urllib.request
-
-    while True:
-        code = proc.poll()
-        if code is not None:
-            return code
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return None
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        time.sleep(1.0)
-
-
-# Thread-count variables Snakemake sets to a job's `threads` for script jobs
-# (snakemake/shell.py). vLLM on a CPU pins its own OpenMP threads per worker
-# (VLLM_CPU_OMP_THREADS_BIND, default: all cores but VLLM_CPU_NUM_OF_RESERVED_CPU); with
-# OMP_NUM_THREADS=2 inherited it ran 2 spinning threads on the 1 core it had pinned, and
-# `vllm bench latency` took 3.3-4.0 s instead of 0.08-0.10 s per batch (2-core AMD EPYC,
-# bench/e2e_harness_overhead.py). The job removes them so vLLM starts as from a shell.
-SNAKEMAKE_THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                         "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+SNAKEMAKE_THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 def job_env(candidates: list[dict], calls_dir: str, device: str) -> dict:
@@ -260,7 +196,11 @@ def run(
             error = f"benchmark killed by signal {signal.Signals(-code).name}"
         else:
             status = "engine_error"
-            what = "the vLLM server" if w.kind == "serve" and _SERVER_DIED in log_path.read_text(errors="replace") else "vLLM"
+            what = (
+                "the vLLM server"
+                if w.kind == "serve" and _SERVER_DIED in log_path.read_text(errors="replace")
+                else "vLLM"
+            )
             error = f"{what} exited with status {code}: {_last_error_line(log_path)}"
         if error:
             error += f" (log: {log_path})"
@@ -295,7 +235,7 @@ def run(
         torch_version=package_version("torch"),
         kb_nano_version=kb_nano.__version__,
         git_sha=git_sha(Path.cwd()),
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         wall_s=time.perf_counter() - t0,
     )
     doc = result if status == "ok" else {"status": status, "error": error, "log": str(log_path)}
@@ -328,14 +268,15 @@ def _run_bench(model, tp, w: Workload, engine: dict, env: dict, bench_json: Path
     try:
         with open(log_path, "w") as log_fh:
             if w.kind == "serve":
-                port = _free_port()
+                port = free_port()
                 server_cmd, cmd = serve_commands(model, tp, w, engine, port, bench_json)
                 print("+ " + " ".join(server_cmd), file=log_fh, flush=True)
-                server = subprocess.Popen(server_cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True)
+                server = subprocess.Popen(
+                    server_cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
                 groups.append(server)
                 try:
-                    died = _wait_healthy(server, port, deadline)
+                    died = wait_healthy(server, port, deadline)
                 except TimeoutError:
                     return None
                 if died is not None:
@@ -371,8 +312,9 @@ def _device_name(device: str) -> str:
                     return line.split(":", 1)[1].strip()
         return "cpu"
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.splitlines()[0].strip()
     return device

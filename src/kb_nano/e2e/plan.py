@@ -110,7 +110,9 @@ def used_targets(root: Path, model_specs: list[str]) -> set[str]:
     return used
 
 
-def candidate_set(root: Path, requested: list[str], device: str, model_specs: list[str] | None = None) -> list[CandidateRef]:
+def candidate_set(
+    root: Path, requested: list[str], device: str, model_specs: list[str] | None = None
+) -> list[CandidateRef]:
     """The candidates of the non-baseline variant: ``requested`` ids/prefixes, or all
     applicable (one per target, and with ``model_specs`` only targets those models use).
     Raises ``KbNanoError`` for an id that matches nothing, a candidate that cannot be
@@ -129,8 +131,10 @@ def candidate_set(root: Path, requested: list[str], device: str, model_specs: li
     for want in requested:
         hits = [c for c in found if c.id == want or c.id.startswith(want)]
         if not hits:
-            raise KbNanoError(f"--candidates: {want!r} matches no candidates/{{target}}/{{name}}.py; "
-                              f"known: {', '.join(c.id for c in found)}")
+            raise KbNanoError(
+                f"--candidates: {want!r} matches no candidates/{{target}}/{{name}}.py; "
+                f"known: {', '.join(c.id for c in found)}"
+            )
         for c in hits:
             if c.id in reasons:
                 raise KbNanoError(f"--candidates: {c.id}: {reasons[c.id]}")

@@ -182,8 +182,11 @@ def apply(model: nn.Module, candidates: list, table: list[Match] | None = None) 
     for target in order:
         cid, cls = by_target[target]
         level = operators.CATALOG[target].level
-        found = [(path, module, rows[type(module)]) for path, module in _baseline_modules(result.model)
-                 if type(module) in rows and rows[type(module)].target == target]
+        found = [
+            (path, module, rows[type(module)])
+            for path, module in _baseline_modules(result.model)
+            if type(module) in rows and rows[type(module)].target == target
+        ]
         # outermost first; a match nested in an earlier match of this target is replaced with it
         done: list[str] = []
         for path, module, row in found:
@@ -220,7 +223,8 @@ def _baseline_modules(module: nn.Module, prefix: str = ""):
 
 def _subsume(result: SwapResult, cid: str, level: int, path: str) -> None:
     inside = {
-        p: lower for p, lower in result.active.items()
+        p: lower
+        for p, lower in result.active.items()
         if (p == path or not path or p.startswith(path + "."))
         and operators.CATALOG[lower.split("/", 1)[0]].level < level
     }

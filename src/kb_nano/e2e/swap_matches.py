@@ -6,8 +6,8 @@ and the adapters for modules called with another convention (see :mod:`kb_nano.e
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -90,7 +90,9 @@ def _hf_mlp_unstate(state: dict) -> dict:
     for kind in ("weight", "bias"):
         if f"gate_up_proj.{kind}" in state:
             gate, up = state[f"gate_up_proj.{kind}"].chunk(2)
-            out.update({f"gate_proj.{kind}": gate, f"up_proj.{kind}": up, f"down_proj.{kind}": state[f"down_proj.{kind}"]})
+            out.update(
+                {f"gate_proj.{kind}": gate, f"up_proj.{kind}": up, f"down_proj.{kind}": state[f"down_proj.{kind}"]}
+            )
     return out
 
 
@@ -138,13 +140,25 @@ def _hf_decoder_layer_adapter(module: nn.Module) -> None:
     tables). Only a plain causal mask (no padding) and no KV cache are supported."""
     inner = module.forward
 
-    def forward(hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
-                position_embeddings=None, past_key_values=None, **kwargs):
+    def forward(
+        hidden_states,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        use_cache=False,
+        position_embeddings=None,
+        past_key_values=None,
+        **kwargs,
+    ):
         batch, seq_len = hidden_states.shape[:2]
         if cache is not None or past_key_values is not None:
-            raise NotImplementedError(f"{type(module).__name__} (swapped in by kb_nano.e2e.swap) does not support a KV cache")
+            raise NotImplementedError(
+                f"{type(module).__name__} (swapped in by kb_nano.e2e.swap) does not support a KV cache"
+            )
         if not _is_plain_causal(attention_mask, seq_len):
-            raise NotImplementedError(f"{type(module).__name__} (swapped in by kb_nano.e2e.swap) supports only a causal mask without padding")
+            raise NotImplementedError(
+                f"{type(module).__name__} (swapped in by kb_nano.e2e.swap) supports only a causal mask without padding"
+            )
         if position_ids is None:
             position_ids = torch.arange(seq_len, device=hidden_states.device)[None]
         position_ids = position_ids.expand(batch, seq_len)

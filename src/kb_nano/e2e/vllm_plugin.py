@@ -272,8 +272,15 @@ def _rotary_adapters(candidate: dict):
         def __init__(self, head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype, init_cache=True):
             super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype, init_cache)
             self.kb_candidate = _build(
-                candidate, cls, self, head_size=head_size, rotary_dim=rotary_dim,
-                max_position_embeddings=max_position_embeddings, base=base, is_neox_style=is_neox_style, dtype=dtype,
+                candidate,
+                cls,
+                self,
+                head_size=head_size,
+                rotary_dim=rotary_dim,
+                max_position_embeddings=max_position_embeddings,
+                base=base,
+                is_neox_style=is_neox_style,
+                dtype=dtype,
             )
 
         forward = _forward
@@ -283,16 +290,49 @@ def _rotary_adapters(candidate: dict):
         ``rope_scaling = {rope_type: llama3, factor, low_freq_factor, high_freq_factor,
         original_max_position_embeddings}``."""
 
-        def __init__(self, head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype,
-                     scaling_factor, low_freq_factor, high_freq_factor, orig_max_position):
-            super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype,
-                             scaling_factor, low_freq_factor, high_freq_factor, orig_max_position)
-            scaling = {"rope_type": "llama3", "factor": scaling_factor, "low_freq_factor": low_freq_factor,
-                       "high_freq_factor": high_freq_factor, "original_max_position_embeddings": orig_max_position}
+        def __init__(
+            self,
+            head_size,
+            rotary_dim,
+            max_position_embeddings,
+            base,
+            is_neox_style,
+            dtype,
+            scaling_factor,
+            low_freq_factor,
+            high_freq_factor,
+            orig_max_position,
+        ):
+            super().__init__(
+                head_size,
+                rotary_dim,
+                max_position_embeddings,
+                base,
+                is_neox_style,
+                dtype,
+                scaling_factor,
+                low_freq_factor,
+                high_freq_factor,
+                orig_max_position,
+            )
+            scaling = {
+                "rope_type": "llama3",
+                "factor": scaling_factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": orig_max_position,
+            }
             self.kb_candidate = _build(
-                candidate, cls, self, head_size=head_size, rotary_dim=rotary_dim,
-                max_position_embeddings=max_position_embeddings, base=base, is_neox_style=is_neox_style,
-                dtype=dtype, rope_scaling=scaling,
+                candidate,
+                cls,
+                self,
+                head_size=head_size,
+                rotary_dim=rotary_dim,
+                max_position_embeddings=max_position_embeddings,
+                base=base,
+                is_neox_style=is_neox_style,
+                dtype=dtype,
+                rope_scaling=scaling,
             )
 
         forward = _forward

@@ -79,7 +79,15 @@ def from_dict(data: dict, where: str = "e2e.workloads") -> Workload:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise KbNanoError(f"{where}: workload name {name!r} must be letters, digits, '.', '_' or '-'")
     w = Workload(**data)
-    for key in ("input_len", "output_len", "batch_size", "num_iters", "random_input_len", "random_output_len", "num_prompts"):
+    for key in (
+        "input_len",
+        "output_len",
+        "batch_size",
+        "num_iters",
+        "random_input_len",
+        "random_output_len",
+        "num_prompts",
+    ):
         if not isinstance(getattr(w, key), int) or getattr(w, key) < 1:
             raise KbNanoError(f"{where}: workload {name!r}: {key} must be a positive integer")
     if not 0 <= float(w.random_range_ratio) < 1:
@@ -101,10 +109,14 @@ def auto_name(w: Workload) -> str:
     if w.kind == "serve":
         rate = "inf" if w.request_rate is None else f"{float(w.request_rate)}"
         conc = "" if w.max_concurrency is None else f"_c{w.max_concurrency}"
-        return (f"serve_{w.dataset_name}_in{w.random_input_len}_out{w.random_output_len}_n{w.num_prompts}"
-                f"_r{float(w.random_range_ratio)}_rate{rate}{conc}")
-    return (f"throughput_{w.dataset_name}_in{w.random_input_len}_out{w.random_output_len}_n{w.num_prompts}"
-            f"_r{float(w.random_range_ratio)}")
+        return (
+            f"serve_{w.dataset_name}_in{w.random_input_len}_out{w.random_output_len}_n{w.num_prompts}"
+            f"_r{float(w.random_range_ratio)}_rate{rate}{conc}"
+        )
+    return (
+        f"throughput_{w.dataset_name}_in{w.random_input_len}_out{w.random_output_len}_n{w.num_prompts}"
+        f"_r{float(w.random_range_ratio)}"
+    )
 
 
 def from_flags(kind: str, base: Workload | None, **flags) -> Workload:

@@ -39,10 +39,24 @@ EVAL_WORKLOADS = (
     Workload(name="prefill-heavy", kind="throughput", random_input_len=1024, random_output_len=512, num_prompts=1000),
     Workload(name="balanced", kind="throughput", random_input_len=512, random_output_len=512, num_prompts=1000),
     Workload(name="decode-heavy", kind="throughput", random_input_len=512, random_output_len=1024, num_prompts=1000),
-    Workload(name="single-request", kind="latency", input_len=128, output_len=128, batch_size=1,
-             num_iters_warmup=10, num_iters=30),
-    Workload(name="fixed-batch-32", kind="latency", input_len=128, output_len=128, batch_size=32,
-             num_iters_warmup=10, num_iters=30),
+    Workload(
+        name="single-request",
+        kind="latency",
+        input_len=128,
+        output_len=128,
+        batch_size=1,
+        num_iters_warmup=10,
+        num_iters=30,
+    ),
+    Workload(
+        name="fixed-batch-32",
+        kind="latency",
+        input_len=128,
+        output_len=128,
+        batch_size=32,
+        num_iters_warmup=10,
+        num_iters=30,
+    ),
 )
 DEFAULT_NUM_PROMPTS = 1000
 SMOKE_LENGTH_DIVISOR = 16
@@ -58,32 +72,38 @@ def workloads(num_prompts: int = DEFAULT_NUM_PROMPTS, smoke: bool = False) -> li
     if num_prompts < 1:
         raise KbNanoError(f"--num-prompts: {num_prompts} must be positive")
     if num_prompts < DEFAULT_NUM_PROMPTS and not smoke:
-        raise KbNanoError(f"--num-prompts {num_prompts}: fewer than the standard {DEFAULT_NUM_PROMPTS} prompts "
-                          "only with --smoke (which is recorded in every row)")
+        raise KbNanoError(
+            f"--num-prompts {num_prompts}: fewer than the standard {DEFAULT_NUM_PROMPTS} prompts "
+            "only with --smoke (which is recorded in every row)"
+        )
     out = []
     for w in EVAL_WORKLOADS:
         if not smoke:
             out.append(replace(w, num_prompts=num_prompts) if w.kind == "throughput" else w)
             continue
         d = SMOKE_LENGTH_DIVISOR
-        out.append(replace(
-            w,
-            name=w.name + SMOKE_SUFFIX,
-            input_len=max(1, w.input_len // d),
-            output_len=max(1, w.output_len // d),
-            random_input_len=max(1, w.random_input_len // d),
-            random_output_len=max(1, w.random_output_len // d),
-            num_prompts=num_prompts if num_prompts != DEFAULT_NUM_PROMPTS else SMOKE_NUM_PROMPTS,
-            num_iters_warmup=1,
-            num_iters=3,
-        ))
+        out.append(
+            replace(
+                w,
+                name=w.name + SMOKE_SUFFIX,
+                input_len=max(1, w.input_len // d),
+                output_len=max(1, w.output_len // d),
+                random_input_len=max(1, w.random_input_len // d),
+                random_output_len=max(1, w.random_output_len // d),
+                num_prompts=num_prompts if num_prompts != DEFAULT_NUM_PROMPTS else SMOKE_NUM_PROMPTS,
+                num_iters_warmup=1,
+                num_iters=3,
+            )
+        )
     return out
 
 
 def max_model_len(works: list[Workload]) -> int:
     """The longest sequence any workload needs (prompt + generated tokens)."""
-    return max((w.random_input_len + w.random_output_len) if w.kind != "latency" else (w.input_len + w.output_len)
-               for w in works)
+    return max(
+        (w.random_input_len + w.random_output_len) if w.kind != "latency" else (w.input_len + w.output_len)
+        for w in works
+    )
 
 
 def tp_skip_reason(tp: int, pool: int, device: str, heads: int, kv_heads: int) -> str | None:
@@ -132,8 +152,10 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
     if cats:
         cands = [c for c in cands if operators.CATALOG[c.target].category in cats]
     if not cands:
-        raise KbNanoError("eval: no candidate that vLLM can run matches the models, --candidates and --category; "
-                          "see `kb_nano kernels --list` and the Tier 2 section of the README for swappable targets")
+        raise KbNanoError(
+            "eval: no candidate that vLLM can run matches the models, --candidates and --category; "
+            "see `kb_nano kernels --list` and the Tier 2 section of the README for swappable targets"
+        )
     return cands
 
 

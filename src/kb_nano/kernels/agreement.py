@@ -80,12 +80,16 @@ def disagreements(out: dict, k: dict) -> list[str]:
         kern, graph = out[f"{side}_kernel_ms"], out[f"{side}_graph_ms"]
         count = out[f"{side}_kernels"] or 1
         if kern is not None and graph is not None and graph > kern * (1 + TOLERANCE) + count * GRAPH_GAP_MS:
-            notes.append(f"{side}: graph time {graph:.4g} ms per call exceeds its kernel time {kern:.4g} ms by more "
-                         f"than {count} kernel gap(s): the kernel records miss work the graph runs")
+            notes.append(
+                f"{side}: graph time {graph:.4g} ms per call exceeds its kernel time {kern:.4g} ms by more "
+                f"than {count} kernel gap(s): the kernel records miss work the graph runs"
+            )
         spans = k[f"span_{name}"]
         if side == "candidate" and kern is not None and spans:
             span = _median(spans)
             if span > kern * (1 + TOLERANCE) + count * LAUNCH_GAP_MS:
-                notes.append(f"{side}: the device waited {span - kern:.4g} ms inside each call between its kernels "
-                             "(host work or a synchronize), which the kernel time leaves out")
+                notes.append(
+                    f"{side}: the device waited {span - kern:.4g} ms inside each call between its kernels "
+                    "(host work or a synchronize), which the kernel time leaves out"
+                )
     return notes

@@ -32,8 +32,13 @@ TIMERS = ("eager", "kernel", "graph")
 # NVML clock-event reasons that mean the SM clock was held down (nvml.h, nvmlClocksEventReason*):
 # software power cap, hardware slowdown, sync boost excluded (it follows another GPU), software
 # thermal, hardware thermal, hardware power brake
-THROTTLE_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
-                    0x80: "hw_power_brake"}
+THROTTLE_REASONS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
 
 
 def new_pass() -> dict:
@@ -41,8 +46,21 @@ def new_pass() -> dict:
     judge's clock around each batch (``judge_*``), the sum each worker reported
     (``rep_*``), each block's median (``block_*``), and per-call extras of the kernel timer
     (``span_*``, ``kernels_*``, ``hidden``)."""
-    keys = ("base", "cand", "judge_base", "judge_cand", "rep_base", "rep_cand", "block_base", "block_cand",
-            "span_base", "span_cand", "kernels_base", "kernels_cand", "hidden")
+    keys = (
+        "base",
+        "cand",
+        "judge_base",
+        "judge_cand",
+        "rep_base",
+        "rep_cand",
+        "block_base",
+        "block_cand",
+        "span_base",
+        "span_cand",
+        "kernels_base",
+        "kernels_cand",
+        "hidden",
+    )
     return {k: [] for k in keys}
 
 
@@ -61,7 +79,7 @@ def basis(requested: str, device: torch.device, errors: dict) -> str:
         return "eager"
     order = ["kernel", "graph", "eager"]
     want = "kernel" if requested in (None, "auto") else requested
-    for timer in order[order.index(want):] + order[:order.index(want)]:
+    for timer in order[order.index(want) :] + order[: order.index(want)]:
         if timer == "eager" or timer not in errors:
             return timer
     return "eager"
@@ -138,9 +156,13 @@ class SmClock:
         if self.handle is None:
             return
         nv = self.nvml
-        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         try:
-            self.samples.append((int(nv.nvmlDeviceGetClockInfo(self.handle, nv.NVML_CLOCK_SM)), int(reasons(self.handle))))
+            self.samples.append(
+                (int(nv.nvmlDeviceGetClockInfo(self.handle, nv.NVML_CLOCK_SM)), int(reasons(self.handle)))
+            )
         except Exception:
             self.handle = None
 
@@ -152,5 +174,25 @@ class SmClock:
         for _, r in self.samples:
             seen |= r
         names = [n for bit, n in THROTTLE_REASONS.items() if seen & bit]
-        return {"sm_clock_mhz": float(mhz[len(mhz) // 2]), "sm_clock_min_mhz": float(mhz[0]),
-                "throttled": bool(names), "throttle_reasons": ",".join(names) or None}
+        return {
+            "sm_clock_mhz": float(mhz[len(mhz) // 2]),
+            "sm_clock_min_mhz": float(mhz[0]),
+            "throttled": bool(names),
+            "throttle_reasons": ",".join(names) or None,
+        }
+
+
+TARGET_BATCH_MS = {"cpu": 5.0, "cuda": 2.0}  # a batch this long resolves the judge's clock cross-check
+MAX_BATCH_CALLS = 1000  # calls (slots) per batch at most
+SLOT_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # most memory the slots of one measurement take
+
+
+def batch_calls(call_ms: float, per_slot_bytes: int, device: torch.device, num_runs: int = 0) -> int:
+    """Calls (input slots) per batch: enough for a batch of :data:`TARGET_BATCH_MS`
+    at ``call_ms`` per call (so the judge's clock resolves work hidden outside the timed
+    calls) and for ``num_runs`` calls in ten batches (each batch costs a
+    round of checks: fewer, fuller batches for slow calls), at most
+    :data:`MAX_BATCH_CALLS` and what :data:`SLOT_BYTES` holds, at least 2."""
+    want = max(TARGET_BATCH_MS.get(device.type, 10.0) / max(call_ms, 1e-4), num_runs / MIN_BLOCKS["cpu"])
+    fit = SLOT_BYTES.get(device.type, 2 << 30) // max(per_slot_bytes, 1)
+    return int(max(2, min(MAX_BATCH_CALLS, fit, -(-want // 1))))

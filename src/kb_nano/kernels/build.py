@@ -65,6 +65,7 @@ def skip_init():
             if isinstance(tensor, torch.Tensor):
                 deferred.calls.append((fn, tensor, args, kwargs))
             return tensor
+
         return skipped
 
     try:

@@ -57,13 +57,19 @@ def invalid_outputs(out, device: torch.device) -> Violation:
         if o is None:
             continue
         if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
-            return "invalid_output", f"output {i} is a {type(o).__module__}.{type(o).__qualname__}, a torch.Tensor subclass; return plain dense tensors"
+            return (
+                "invalid_output",
+                f"output {i} is a {type(o).__module__}.{type(o).__qualname__}, a torch.Tensor subclass; return plain dense tensors",
+            )
         if not isinstance(o, torch.Tensor):
             continue  # compare() reports non-tensor outputs as incorrect_shape
         if o.layout != torch.strided:
             return "invalid_output", f"output {i} has layout {o.layout}; return a dense (strided) tensor"
         if o.is_conj() or o.is_neg():
-            return "invalid_output", f"output {i} is a lazy {'conjugate' if o.is_conj() else 'negative'} view; materialize it"
+            return (
+                "invalid_output",
+                f"output {i} is a lazy {'conjugate' if o.is_conj() else 'negative'} view; materialize it",
+            )
         if o.device.type != device.type:
             return "invalid_output", f"output {i} is on {o.device}, the run is on {device}"
     return None
@@ -114,12 +120,15 @@ def aliased_outputs(out, inputs: dict[str, torch.Tensor], allowed: tuple[str, ..
     for i, o in enumerate(outs):
         for name, t in inputs.items():
             if isinstance(t, torch.Tensor) and name not in allowed and _overlap(o, t):
-                return "output_aliased", f"output {i} shares memory with input {name!r}, which this operator does not write"
+                return (
+                    "output_aliased",
+                    f"output {i} shares memory with input {name!r}, which this operator does not write",
+                )
         for j in range(i):
             if _overlap(o, outs[j]):
                 return "output_aliased", f"outputs {j} and {i} share memory"
     prev = []
-    for p in (previous if isinstance(previous, list) else [previous]):
+    for p in previous if isinstance(previous, list) else [previous]:
         prev += [t for t in flatten_outputs(p) if isinstance(t, torch.Tensor)] if p is not None else []
     # an earlier output that is a view of an input the operator may write (vLLM's
     # in-place kernels return their inputs) shares memory with this call's output only
@@ -127,10 +136,12 @@ def aliased_outputs(out, inputs: dict[str, torch.Tensor], allowed: tuple[str, ..
     writable = [t for name, t in inputs.items() if name in allowed and isinstance(t, torch.Tensor)]
     prev = [p for p in prev if not any(_overlap(p, w) for w in writable)]
     for i, o in enumerate(outs):
-        for j, p in enumerate(prev):
+        for p in prev:
             if _overlap(o, p):
-                return "output_aliased", (f"output {i} shares memory with an output of an earlier call: a reused "
-                                          "buffer is overwritten by the next call")
+                return "output_aliased", (
+                    f"output {i} shares memory with an output of an earlier call: a reused "
+                    "buffer is overwritten by the next call"
+                )
     return None
 
 
@@ -158,12 +169,18 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
 
 
-def mutated_inputs(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], allowed: tuple[str, ...]) -> Violation:
+def mutated_inputs(
+    before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], allowed: tuple[str, ...]
+) -> Violation:
     """``input_mutated`` when an input not in ``allowed`` holds other bytes after the call
     than the copy taken before it."""
     for name, b in before.items():
         if name not in allowed and not same_bits(b, after[name]):
-            n = int((b.contiguous().view(torch.uint8) != after[name].contiguous().view(torch.uint8)).sum()) if b.numel() else 0
+            n = (
+                int((b.contiguous().view(torch.uint8) != after[name].contiguous().view(torch.uint8)).sum())
+                if b.numel()
+                else 0
+            )
             may = f"it may write only {', '.join(allowed)}" if allowed else "this operator writes no input"
             return "input_mutated", f"the call changed input {name!r} ({n} bytes differ); {may}"
     return None
@@ -185,8 +202,10 @@ def changed_after_return(out, snap: list, device: torch.device, wait_s: float) -
         timing.wait_briefly(wait_s)
     for i, (o, s) in enumerate(zip(flatten_outputs(out), snap)):
         if isinstance(o, torch.Tensor) and s is not None and not same_bits(o, s):
-            return "unsynced_work", (f"output {i} changed after the call returned: work ran on another "
-                                     f"{'stream' if device.type == 'cuda' else 'thread'}, outside the timing")
+            return "unsynced_work", (
+                f"output {i} changed after the call returned: work ran on another "
+                f"{'stream' if device.type == 'cuda' else 'thread'}, outside the timing"
+            )
     return None
 
 
@@ -267,6 +286,13 @@ class ThreadWatch:
             timing.wait_briefly(0.001)
         for tid, ns in used.items():
             if ns > min_cpu_s * 1e9:
-                how = "finished its work later" if tid in ended else f"used {ns / 1e6:.2f} ms of CPU after the call returned"
-                return "unsynced_work", f"thread {self.names[tid]!r}, running when the call returned, {how}: work outside the timing"
+                how = (
+                    "finished its work later"
+                    if tid in ended
+                    else f"used {ns / 1e6:.2f} ms of CPU after the call returned"
+                )
+                return (
+                    "unsynced_work",
+                    f"thread {self.names[tid]!r}, running when the call returned, {how}: work outside the timing",
+                )
         return None

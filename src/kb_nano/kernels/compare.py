@@ -27,7 +27,12 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
     if len(refs) != len(outs):
         return "incorrect_shape", f"returned {len(outs)} output(s), baseline returns {len(refs)}", None, None
     if isinstance(ref, torch.Tensor) != isinstance(out, torch.Tensor):
-        return "incorrect_shape", f"returned a {type(out).__name__}, baseline returns a {type(ref).__name__}", None, None
+        return (
+            "incorrect_shape",
+            f"returned a {type(out).__name__}, baseline returns a {type(ref).__name__}",
+            None,
+            None,
+        )
     max_abs, max_ref, n_bad, n_all = 0.0, 0.0, 0, 0
     for i, (r, o) in enumerate(zip(refs, outs)):
         if r is None or o is None:
@@ -56,7 +61,12 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
         if not all_finite:
             bad = ~finite_o & torch.isfinite(rf)
             if bool(bad.any()):
-                return "nonfinite", f"output {i}: {int(bad.sum())} NaN/Inf value(s) where the baseline is finite", None, None
+                return (
+                    "nonfinite",
+                    f"output {i}: {int(bad.sum())} NaN/Inf value(s) where the baseline is finite",
+                    None,
+                    None,
+                )
         if rf.numel():
             diff = (of - rf).abs_()  # rf/of may be r/o themselves: only new tensors are written
             ref_abs = rf.abs()
@@ -96,8 +106,6 @@ def tolerance(scenario: dict, settings: dict) -> tuple[float, float]:
     atol = default[0] if settings.get("atol") is None else float(settings["atol"])
     rtol = default[1] if settings.get("rtol") is None else float(settings["rtol"])
     return atol, rtol
-
-
 
 
 def spec_mismatch(ref: dict, got: dict) -> tuple[str, str] | None:

@@ -24,7 +24,7 @@ from one flush recorded alone.
 from __future__ import annotations
 
 import bisect
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -41,8 +41,9 @@ class KernelTimeError(Exception):
         self.foreign_work = foreign_work
 
 
-def attribute(records: list[tuple[int, str, int, int]], flush_stream: int, flush_names: frozenset,
-              calls: int) -> tuple[list[tuple[float, float, int]], float]:
+def attribute(
+    records: list[tuple[int, str, int, int]], flush_stream: int, flush_names: frozenset, calls: int
+) -> tuple[list[tuple[float, float, int]], float]:
     """Split the GPU records of one profiled batch into its calls.
 
     ``records``: ``(stream, name, start_ns, end_ns)`` of every GPU activity record
@@ -65,7 +66,7 @@ def attribute(records: list[tuple[int, str, int, int]], flush_stream: int, flush
         raise KernelTimeError(f"{len(flush)} flush records for {calls} calls")
     # flush i = its records, in launch order; a record belongs to the call after the last
     # flush that ended before the record started
-    ends = [max(r[3] for r in flush[i * per_flush:(i + 1) * per_flush]) for i in range(calls)]
+    ends = [max(r[3] for r in flush[i * per_flush : (i + 1) * per_flush]) for i in range(calls)]
     buckets: list[list[tuple[int, int]]] = [[] for _ in range(calls)]
     early: list[tuple[int, int]] = []
     for stream, _, start, end in records:
@@ -130,12 +131,13 @@ class KernelTimer:
         request thread, when the worker runs nothing else)."""
         _, recs = self._record(lambda: [self.flush()])
         if not recs or len({r[0] for r in recs}) != 1:
-            raise KernelTimeError(f"the flush alone gave {len(recs)} GPU records on {len({r[0] for r in recs})} "
-                                  "streams (other GPU work in the worker while it was learnt)")
+            raise KernelTimeError(
+                f"the flush alone gave {len(recs)} GPU records on {len({r[0] for r in recs})} "
+                "streams (other GPU work in the worker while it was learnt)"
+            )
         self.flush_stream, self.flush_names = recs[0][0], frozenset(r[1] for r in recs)
 
-    def time_calls(self, call: Callable[[int], object], slots: range,
-                   after: Callable[[int, object], None]) -> dict:
+    def time_calls(self, call: Callable[[int], object], slots: range, after: Callable[[int, object], None]) -> dict:
         """Record one flush + call per slot; then ``after(i, out)`` for each (untimed,
         outside the recording). Returns ``{"times_ms", "span_ms", "kernels", "hidden_ms"}``
         (per call: kernel ms, first-start-to-last-end ms, record count) or
@@ -162,5 +164,9 @@ class KernelTimer:
             return {"kernel_error": str(exc), "foreign_work": exc.foreign_work}
         for i, out in zip(slots, outs):
             after(i, out)
-        return {"times_ms": [p[0] for p in per_call], "span_ms": [p[1] for p in per_call],
-                "kernels": [p[2] for p in per_call], "hidden_ms": hidden}
+        return {
+            "times_ms": [p[0] for p in per_call],
+            "span_ms": [p[1] for p in per_call],
+            "kernels": [p[2] for p in per_call],
+            "hidden_ms": hidden,
+        }

@@ -26,10 +26,10 @@ import threading
 KINDS = {1: "memcpy", 2: "memset", 10: "kernel"}  # CUPTI_ACTIVITY_KIND_MEMCPY, _MEMSET, _CONCURRENT_KERNEL
 _BUFFER_BYTES = 8 << 20
 _FLUSH_FORCED = 1  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
-_REQUESTED = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
-                              ctypes.POINTER(ctypes.c_size_t))
-_COMPLETED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t,
-                              ctypes.c_size_t)
+_REQUESTED = ctypes.CFUNCTYPE(
+    None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)
+)
+_COMPLETED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)
 
 
 class CuptiError(Exception):
@@ -43,8 +43,10 @@ def find_library() -> str:
 
     site = os.path.dirname(os.path.dirname(torch.__file__))
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    for pattern in (os.path.join(site, "nvidia", "**", "libcupti.so*"),
-                    os.path.join(home, "extras", "CUPTI", "lib64", "libcupti.so*")):
+    for pattern in (
+        os.path.join(site, "nvidia", "**", "libcupti.so*"),
+        os.path.join(home, "extras", "CUPTI", "lib64", "libcupti.so*"),
+    ):
         found = sorted(glob.glob(pattern, recursive=True))
         if found:
             return found[-1]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -36,8 +36,9 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
-def row_fields(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path,
-               device: torch.device, seed: int) -> dict:
+def row_fields(
+    scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path, device: torch.device, seed: int
+) -> dict:
     """The row fields known before measuring (see :mod:`kb_nano.schema`)."""
     from kb_nano.candidates import file_sha256
 
@@ -61,5 +62,5 @@ def row_fields(scenario: dict, candidate_id: str, candidate_path: Path, settings
         "triton_version": package_version("triton"),
         "kb_nano_version": kb_nano.__version__,
         "git_sha": git_sha(root),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -22,8 +22,14 @@ import torch
 Violation = tuple[str, str] | None
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _VOLATILE = {"__dict__", "__weakref__", "__doc__", "__abstractmethods__", "__annotations__", "__parameters__"}
-HARNESS_MODULES = ("kb_nano.kernels.timing", "kb_nano.kernels.checks", "kb_nano.kernels.guard",
-                   "kb_nano.kernels.worker", "kb_nano.kernels.worker_process", "kb_nano.kernels.shm")
+HARNESS_MODULES = (
+    "kb_nano.kernels.timing",
+    "kb_nano.kernels.checks",
+    "kb_nano.kernels.guard",
+    "kb_nano.kernels.worker",
+    "kb_nano.kernels.worker_process",
+    "kb_nano.kernels.shm",
+)
 
 
 def _global_state() -> dict[str, object]:
@@ -32,8 +38,11 @@ def _global_state() -> dict[str, object]:
     hooks and Python's profile/trace hooks."""
     import torch.nn.modules.module as mm
 
-    hooks = {name: tuple(getattr(mm, name).keys()) for name in dir(mm)
-             if name.startswith("_global_") and isinstance(getattr(mm, name), dict)}
+    hooks = {
+        name: tuple(getattr(mm, name).keys())
+        for name in dir(mm)
+        if name.startswith("_global_") and isinstance(getattr(mm, name), dict)
+    }
     return {
         "torch function modes (torch._C._len_torch_function_stack())": torch._C._len_torch_function_stack(),
         "torch dispatch modes (torch._C._len_torch_dispatch_stack())": torch._C._len_torch_dispatch_stack(),
@@ -41,10 +50,8 @@ def _global_state() -> dict[str, object]:
         "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
         "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction":
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction":
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
         "torch.backends.mkldnn.enabled": torch.backends.mkldnn.enabled,
         "torch.backends.cudnn.enabled": torch.backends.cudnn.enabled,
         "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
@@ -142,14 +149,20 @@ class Namespaces:
     allowed; replaced or deleted ones are not."""
 
     def __init__(self, baseline: type | None = None) -> None:
-        import torch.nn.functional as F
-
         import builtins
 
+        import torch.nn.functional as F
+
         self._objects = {
-            "time": time, "torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": F,
-            "torch.nn.Module": torch.nn.Module, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
-            "numpy": np, "builtins": builtins,
+            "time": time,
+            "torch": torch,
+            "torch.Tensor": torch.Tensor,
+            "torch.nn.functional": F,
+            "torch.nn.Module": torch.nn.Module,
+            "torch.cuda": torch.cuda,
+            "torch.cuda.Event": torch.cuda.Event,
+            "numpy": np,
+            "builtins": builtins,
             # the harness's own classes (a replaced method would switch a check off)
             "kb_nano.kernels.guard.Namespaces": Namespaces,
         }
@@ -204,5 +217,7 @@ class Namespaces:
         if not changed:
             return None
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        return "tampered", (f"{when}, the candidate changed {', '.join(changed[:3])}{more}: the harness's timer, "
-                            "statistics, precision settings and the baseline's functions must stay as they were")
+        return "tampered", (
+            f"{when}, the candidate changed {', '.join(changed[:3])}{more}: the harness's timer, "
+            "statistics, precision settings and the baseline's functions must stay as they were"
+        )

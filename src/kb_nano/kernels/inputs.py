@@ -63,8 +63,12 @@ def randomize_constant_parameters(module: torch.nn.Module, seed: int, std: float
         for p in module.parameters():
             flat = p.detach().flatten()
             # the first elements decide for almost every random weight (a cheap look first)
-            if p.is_floating_point() and p.numel() > 0 and bool((flat[:64] == flat[0]).all()) \
-                    and bool((flat == flat[0]).all()):
+            if (
+                p.is_floating_point()
+                and p.numel() > 0
+                and bool((flat[:64] == flat[0]).all())
+                and bool((flat == flat[0]).all())
+            ):
                 noise = torch.randn(p.shape, generator=generator, dtype=torch.float32) * std
                 p.add_(noise.to(device=p.device, dtype=p.dtype))
 
@@ -89,7 +93,9 @@ def make_inputs(scenario: dict, generator: torch.Generator, device: str, golden:
             provided = golden_inputs(scenario, golden, root, device, draw)
         except GoldenMismatch as exc:
             print(f"golden inputs not used for {scenario['scenario_id']}: {exc}; using seeded random inputs")
-    tensors = [provided[s["name"]] if s["name"] in provided else draw_tensor(s, generator, device) for s in scenario["inputs"]]
+    tensors = [
+        provided[s["name"]] if s["name"] in provided else draw_tensor(s, generator, device) for s in scenario["inputs"]
+    ]
     return tensors, "golden" if provided else "random"
 
 
@@ -131,16 +137,19 @@ class Refresher:
     rotate, each slot scaled by a fresh factor in [0.75, 1.25) (router logits keep their
     top-k, attention its structure)."""
 
-    def __init__(self, scenario: dict, slots: list[torch.Tensor], seed: int, golden: dict | None,
-                 root: Path, first_draw: int) -> None:
+    def __init__(
+        self, scenario: dict, slots: list[torch.Tensor], seed: int, golden: dict | None, root: Path, first_draw: int
+    ) -> None:
         self.specs = scenario["inputs"]
         self.slots = slots
         device = slots[0].device if slots else torch.device("cpu")
         self.rng = torch.Generator().manual_seed((seed ^ 0x5EED) + first_draw)  # offsets and factors (CPU)
         self.sets = self.pools = None
         if golden:
-            self.sets = [make_inputs(scenario, generator(device, seed + d), str(device), golden, root,
-                                     draw=first_draw + d)[0] for d in range(8)]
+            self.sets = [
+                make_inputs(scenario, generator(device, seed + d), str(device), golden, root, draw=first_draw + d)[0]
+                for d in range(8)
+            ]
         else:
             gen = torch.Generator(device=device).manual_seed((seed ^ 0x9001) + first_draw)
             self.pools = []
@@ -159,7 +168,7 @@ class Refresher:
                 for t, spec, pool in zip(self.slots, self.specs, self.pools):
                     size = t[k].numel()
                     off = int(torch.randint(0, pool.numel() - size + 1, (), generator=self.rng))
-                    window = pool[off:off + size].view(t[k].shape)
+                    window = pool[off : off + size].view(t[k].shape)
                     if spec["init"]["dist"] == "normal":
                         torch.mul(window, self._factor(), out=t[k])
                     else:

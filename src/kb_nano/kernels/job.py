@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kb_nano.candidates import file_sha256
@@ -35,7 +35,7 @@ from kb_nano.schema import make_row, scenario_fields, write_rows
 JUDGE_GRACE_S = 180.0  # beyond timeout_s: the judge's own work (worker starts, roofline, shard)
 _CONTEXT: multiprocessing.context.BaseContext | None = None
 _LOCK = threading.Lock()
-_JUDGES: dict[str, "Judge"] = {}
+_JUDGES: dict[str, Judge] = {}
 
 
 def judge_context() -> multiprocessing.context.BaseContext:
@@ -123,6 +123,7 @@ def prestart() -> None:
     builds the manifest (seconds on a cold host). The first job takes it over for its
     device (:func:`_judge` binds it to the job's GPUs); unused, it ends with the process.
     The CLI asks for it (``KB_NANO_PRESTART_JUDGE=1``) on local, non-dry runs."""
+
     def start() -> None:
         with contextlib.suppress(Exception):  # a failed prestart only costs the speed-up
             _SPARE["judge"] = Judge("spare", [], bind_later=True)
@@ -151,8 +152,9 @@ def _take_spare(key: str, gpu_ids: list[str]) -> Judge | None:
     if judge is None or not judge.proc.is_alive():
         return None
     env = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)} if gpu_ids else {}
-    reply = judge.ask({"bind": {"env": env, "gpu_ids": ",".join(gpu_ids) or None, "warm": _SPARE.get("warm", [])}},
-                      60.0)
+    reply = judge.ask(
+        {"bind": {"env": env, "gpu_ids": ",".join(gpu_ids) or None, "warm": _SPARE.get("warm", [])}}, 60.0
+    )
     if not reply.get("bound"):
         judge.close()
         return None
@@ -227,8 +229,16 @@ def gpus_to_lease(declared: int, device: str, pool_ids: list[str]) -> int:
     return 0
 
 
-def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, output: str, log: str, root: str,
-        gpus: int = 0) -> str:
+def run(
+    scenario: dict,
+    candidate_id: str,
+    candidate_path: str,
+    settings: dict,
+    output: str,
+    log: str,
+    root: str,
+    gpus: int = 0,
+) -> str:
     """Lease the job's GPUs, have the device's judge measure, make sure ``output`` holds a
     row afterwards; returns the row status.
 
@@ -248,8 +258,16 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
     with leasing.lease(n, root_p / "results/.locks", float(settings["timeout_s"]), ids=pool_ids) as ids:
         key = ",".join(ids) if ids else f"{settings['device']}"
         judge = _judge(key, ids)
-        request = {"asked_at": asked_at, "scenario": scenario, "candidate_id": candidate_id, "candidate_path": str(candidate_path),
-                   "settings": settings, "output": str(out), "log": str(log_p), "root": str(root_p)}
+        request = {
+            "asked_at": asked_at,
+            "scenario": scenario,
+            "candidate_id": candidate_id,
+            "candidate_path": str(candidate_path),
+            "settings": settings,
+            "output": str(out),
+            "log": str(log_p),
+            "root": str(root_p),
+        }
         t0, started_at = time.perf_counter(), _utc_now()
         with judge.lock:
             reply = judge.ask(request, float(settings["timeout_s"]) + JUDGE_GRACE_S)
@@ -259,8 +277,10 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
             # a job error, not KeyboardInterrupt: raised in Snakemake's job thread that would hang its scheduler
             from kb_nano.errors import KbNanoError
 
-            raise KbNanoError(f"{candidate_id} on {scenario['scenario_id']}: interrupted (SIGINT); no row, the next "
-                              "run redoes this job")
+            raise KbNanoError(
+                f"{candidate_id} on {scenario['scenario_id']}: interrupted (SIGINT); no row, the next "
+                "run redoes this job"
+            )
         _forget(judge) if "status" not in reply and "error" not in reply else None
         if "error" in reply:
             log_p.parent.mkdir(parents=True, exist_ok=True)
@@ -271,11 +291,20 @@ def run(scenario: dict, candidate_id: str, candidate_path: str, settings: dict, 
             error = f"the judge did not answer within timeout_s + {JUDGE_GRACE_S:.0f} s; killed (log: {log_p})"
         else:
             error = f"the judge process died ({_how(reply.get('dead'))}) (log: {log_p})"
-        row = make_row(**scenario_fields(scenario), candidate=candidate_id,
-                       candidate_sha256=file_sha256(root_p / candidate_path), gpu_ids=",".join(ids) or None,
-                       status="crashed", error=error, num_warmup=int(settings["num_warmup"]),
-                       num_runs=int(settings["num_runs"]), created_at=_utc_now()[:19] + "+00:00",
-                       started_at=started_at, ended_at=_utc_now(), wall_s=time.perf_counter() - t0)
+        row = make_row(
+            **scenario_fields(scenario),
+            candidate=candidate_id,
+            candidate_sha256=file_sha256(root_p / candidate_path),
+            gpu_ids=",".join(ids) or None,
+            status="crashed",
+            error=error,
+            num_warmup=int(settings["num_warmup"]),
+            num_runs=int(settings["num_runs"]),
+            created_at=_utc_now()[:19] + "+00:00",
+            started_at=started_at,
+            ended_at=_utc_now(),
+            wall_s=time.perf_counter() - t0,
+        )
         write_rows([row], out, secret=signing.key(root_p))
         return "crashed"
 
@@ -287,4 +316,4 @@ def _how(code) -> str:
 
 
 def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")

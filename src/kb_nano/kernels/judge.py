@@ -39,11 +39,9 @@ from kb_nano.kernels.inputs import Refresher, apply_edge_case, generator, make_i
 from kb_nano.kernels.pool import Pool, WorkerHandle
 from kb_nano.kernels.procs import process_tampering, wait_idle
 from kb_nano.kernels.shm import SharedTensors
+from kb_nano.kernels.verdict import Verdict, ask
 from kb_nano.operators.base import DTYPES
 
-TARGET_BATCH_MS = {"cpu": 5.0, "cuda": 2.0}  # a batch this long resolves the judge's clock cross-check
-MAX_BATCH_CALLS = 1000  # calls (slots) per batch at most
-SLOT_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # most memory the slots of one measurement take
 IDLE_CPU_S = 0.005  # CPU a candidate's process may use while the baseline is timed (+10% of that batch)
 SETTLE_S = 10.0  # before timing, wait this long at most for the candidate's processes to go idle
 SETTLE_WINDOW_S = 0.03  # ... idle: less than 5% of a CPU in a window this long
@@ -53,47 +51,21 @@ HIDDEN_FRACTION = 0.1  # a candidate's batch may exceed its reported call times 
 HIDDEN_FLOOR_MS = {"cpu": 0.5, "cuda": 0.1}  # ... plus this jitter allowance per batch
 
 
-class Verdict(Exception):
-    """Ends a measurement early with ``status`` and ``message`` (and row ``fields``)."""
-
-    def __init__(self, status: str, message: str, **fields) -> None:
-        super().__init__(message)
-        self.status, self.message, self.fields = status, message, fields
-
-
-# what a candidate's worker may report about its own candidate (anything else is forged)
-WORKER_VERDICTS = {"import_error", "skipped", "runtime_error", "incorrect_shape", "tampered", "invalid_output", "output_aliased", "input_mutated", "unsynced_work"}
-
-
-def _ask(worker: WorkerHandle, msg: dict, deadline: float, shared=None) -> dict:
-    reply = worker.request(msg, deadline, shared)
-    found = reply.get("violation")
-    if found:
-        if worker.role == "baseline":
-            raise RuntimeError(f"the baseline failed: {found}")
-        if not (isinstance(found, list) and len(found) == 2 and found[0] in WORKER_VERDICTS
-                and isinstance(found[1], str)):
-            raise Verdict("tampered", f"the candidate's worker sent a verdict no worker sends ({str(found)[:80]})")
-        raise Verdict(found[0], found[1][:1000])
-    return reply
-
-
-def batch_calls(call_ms: float, per_slot_bytes: int, device: torch.device, num_runs: int = 0) -> int:
-    """Calls (input slots) per batch: enough for a batch of :data:`TARGET_BATCH_MS`
-    at ``call_ms`` per call (so the judge's clock resolves work hidden outside the timed
-    calls) and for ``num_runs`` calls in ten batches (each batch costs a
-    round of checks: fewer, fuller batches for slow calls), at most
-    :data:`MAX_BATCH_CALLS` and what :data:`SLOT_BYTES` holds, at least 2."""
-    want = max(TARGET_BATCH_MS.get(device.type, 10.0) / max(call_ms, 1e-4), num_runs / blocks.MIN_BLOCKS["cpu"])
-    fit = SLOT_BYTES.get(device.type, 2 << 30) // max(per_slot_bytes, 1)
-    return int(max(2, min(MAX_BATCH_CALLS, fit, -(-want // 1))))
-
-
 class Measurement:
     """The judge's state during one scenario (see the module docstring)."""
 
-    def __init__(self, scenario: dict, settings: dict, root: Path, pool: Pool, base: WorkerHandle,
-                 cand: WorkerHandle, device: torch.device, seed: int, deadline: float) -> None:
+    def __init__(
+        self,
+        scenario: dict,
+        settings: dict,
+        root: Path,
+        pool: Pool,
+        base: WorkerHandle,
+        cand: WorkerHandle,
+        device: torch.device,
+        seed: int,
+        deadline: float,
+    ) -> None:
         self.scenario, self.settings, self.root, self.pool = scenario, settings, Path(root), pool
         self.base, self.cand, self.device, self.seed, self.deadline = base, cand, device, seed, deadline
         self.op = operators.get(scenario["target"])
@@ -114,21 +86,25 @@ class Measurement:
 
     def prepare(self) -> None:
         """Build both modules and learn the output spec from the baseline (two slots)."""
-        _ask(self.cand, {"cmd": "supports"}, self.deadline)
+        ask(self.cand, {"cmd": "supports"}, self.deadline)
         t = time.perf_counter()
-        reply = _ask(self.base, {"cmd": "setup", "scenario": self.scenario, "param_seed": param_seed(self.seed)},
-                     self.deadline)
+        reply = ask(
+            self.base, {"cmd": "setup", "scenario": self.scenario, "param_seed": param_seed(self.seed)}, self.deadline
+        )
         self.phases["baseline build"] = -t + (t := time.perf_counter())
         specs = [(shape, getattr(torch, dtype)) for _, shape, dtype in reply["params"]]
         # The baseline writes its parameters into tensors shared with it, drops them, and
         # the same tensors go to the candidate (no memory stays shared between the two).
         params = SharedTensors(specs, self.device)
         try:
-            _ask(self.base, {"tag": "params", "pattern": [True] * len(specs)}, self.deadline, params)
-            _ask(self.cand, {"tag": "params", "pattern": [True] * len(specs)}, self.deadline, params)
+            ask(self.base, {"tag": "params", "pattern": [True] * len(specs)}, self.deadline, params)
+            ask(self.cand, {"tag": "params", "pattern": [True] * len(specs)}, self.deadline, params)
             self.phases["parameter copy"] = -t + (t := time.perf_counter())
-            _ask(self.cand, {"cmd": "setup", "scenario": self.scenario, "names": [n for n, _, _ in reply["params"]]},
-                 self.deadline)
+            ask(
+                self.cand,
+                {"cmd": "setup", "scenario": self.scenario, "names": [n for n, _, _ in reply["params"]]},
+                self.deadline,
+            )
             self.phases["candidate build"] = time.perf_counter() - t
         finally:
             params.close()
@@ -137,14 +113,16 @@ class Measurement:
         self.out_spec = None
         self.make_slots(2)
         self._fill(0, self.first)
-        self.out_spec = _ask(self.base, {"cmd": "probe"}, self.deadline)["spec"]
+        self.out_spec = ask(self.base, {"cmd": "probe"}, self.deadline)["spec"]
         self.share_outputs()
 
     def per_slot_bytes(self) -> int:
         from kb_nano.operators.base import spec_bytes
 
         outs = [o for o in (self.out_spec or {"outputs": []})["outputs"] if isinstance(o, list)]
-        out_bytes = sum(torch.Size(s).numel() * torch.empty((), dtype=getattr(torch, d)).element_size() for s, d in outs)
+        out_bytes = sum(
+            torch.Size(s).numel() * torch.empty((), dtype=getattr(torch, d)).element_size() for s, d in outs
+        )
         return 3 * sum(spec_bytes(s) for s in self.specs) + 2 * out_bytes
 
     def make_slots(self, k: int) -> None:
@@ -173,7 +151,7 @@ class Measurement:
     def _share(self, specs, pattern, worker, tag) -> list:
         shared = SharedTensors(specs, self.device)
         self.shared.append(shared)
-        _ask(worker, {"tag": tag, "pattern": pattern}, self.deadline, shared)
+        ask(worker, {"tag": tag, "pattern": pattern}, self.deadline, shared)
         it = iter(shared.tensors)
         return [next(it) if present else None for present in pattern]
 
@@ -210,8 +188,11 @@ class Measurement:
         allowed = self.op.mutable_inputs
         for spec, t, s in zip(self.specs, self.ins["cand"], self.src):
             if spec["name"] not in allowed and not same_bits(t[sl], s[sl]):
-                raise Verdict("input_mutated", f"{when}: the call changed input {spec['name']!r}; "
-                              f"this operator may write {', '.join(allowed) or 'no input'}")
+                raise Verdict(
+                    "input_mutated",
+                    f"{when}: the call changed input {spec['name']!r}; "
+                    f"this operator may write {', '.join(allowed) or 'no input'}",
+                )
         refs = [None if o is None else o[sl] for o in self.outs["base"]]
         outs = [None if o is None else o[sl] for o in self.outs["cand"]]
         status, error, max_abs, max_rel = compare(refs, outs, self.atol, self.rtol)
@@ -224,8 +205,8 @@ class Measurement:
         """One checked call of each side on ``values`` in slot ``k`` (``watch``: the
         worker also watches the outputs for a while after the return)."""
         self._fill(k, values)
-        _ask(self.base, {"cmd": "trial", "slot": k, "when": when, "watch": False}, self.deadline)
-        reply = _ask(self.cand, {"cmd": "trial", "slot": k, "when": when, "watch": watch}, self.deadline)
+        ask(self.base, {"cmd": "trial", "slot": k, "when": when, "watch": False}, self.deadline)
+        reply = ask(self.cand, {"cmd": "trial", "slot": k, "when": when, "watch": watch}, self.deadline)
         found = spec_mismatch(self.out_spec, reply.get("spec") or {})
         if found:
             raise Verdict(found[0], f"{when}: {found[1]}")
@@ -242,8 +223,9 @@ class Measurement:
                 values = self.first
                 make_inputs(self.scenario, gen, str(self.device), self.golden, self.root, draw=0)  # keep gen in step
             else:
-                values, _ = make_inputs(self.scenario, gen, str(self.device), self.golden if t < num else None,
-                                        self.root, draw=t)
+                values, _ = make_inputs(
+                    self.scenario, gen, str(self.device), self.golden if t < num else None, self.root, draw=t
+                )
             if t >= num:
                 apply_edge_case(values, self.specs, cases[t - num])
                 when = f"edge-case trial {cases[t - num]!r}"
@@ -256,10 +238,10 @@ class Measurement:
         """One batch of ``worker``; returns its reply and the judge's clock around it (ms)."""
         t0 = timing.now_ns()
         msg = {"cmd": "batch", "start": start, "stop": stop, "mode": mode, "replays": replays}
-        reply = _ask(worker, msg, self.deadline)
+        reply = ask(worker, msg, self.deadline)
         elapsed = (timing.now_ns() - t0) / 1e6
         if worker is self.cand and mode != "warmup" and "graph_error" not in reply:
-            _ask(worker, {"cmd": "check"}, self.deadline)  # the worker's rules, outside the clock
+            ask(worker, {"cmd": "check"}, self.deadline)  # the worker's rules, outside the clock
         return reply, elapsed
 
     def refresher(self, first_draw: int) -> Refresher:
@@ -282,7 +264,7 @@ class Measurement:
             self._refill(refresh, n)
             warm += self.batch(self.base, 0, n, "warmup")[0]["times_ms"]
             self.batch(self.cand, 0, n, "warmup")
-        k = batch_calls(float(timing.summarize(warm)[0]), self.per_slot_bytes(), self.device, num_runs)
+        k = blocks.batch_calls(float(timing.summarize(warm)[0]), self.per_slot_bytes(), self.device, num_runs)
         if k != self.k:
             self.make_slots(k)
             refresh = self.refresher(first_draw + 8)
@@ -348,8 +330,11 @@ class Measurement:
             replies[side] = self.batch(self.base, 0, n, mode, replays)
             idle, tb = self.cand.cpu_s() - cpu0, replies[side][1]
             if idle > IDLE_CPU_S + 0.1 * tb / 1e3:
-                raise Verdict("unsynced_work", f"the candidate's processes used {idle * 1e3:.1f} ms of CPU while the "
-                              f"baseline's {tb:.1f} ms batch was timed: work left running outside its own calls")
+                raise Verdict(
+                    "unsynced_work",
+                    f"the candidate's processes used {idle * 1e3:.1f} ms of CPU while the "
+                    f"baseline's {tb:.1f} ms batch was timed: work left running outside its own calls",
+                )
         (rb, tb), (rc, tc) = replies["base"], replies["cand"]
         for side, reply in (("base", rb), ("cand", rc)):
             if "kernel_error" in reply:  # no outputs kept, no times: the kernel timer is off for this row

@@ -16,18 +16,17 @@ import sys
 import time
 import traceback
 import types
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from kb_nano.kernels.pool import prewarm  # torch-free: the judge imports torch after prewarm()
-
+from kb_nano.kernels.pool import Pool, prewarm  # torch-free: the judge imports torch after prewarm()
 
 _STARTED: list[float] = []  # epoch seconds: the judge's start and the end of its imports (first job's log)
 
 
 def utc_now() -> str:
     """Now as ISO 8601 UTC with microseconds (``2026-11-20T10:31:07.123456+00:00``)."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def serve(conn, spec: dict) -> None:
@@ -89,8 +88,13 @@ def _log_timeline(fd: int, asked_at: float | None) -> None:
     when the job asked for it, relative to now (the job log; where a slow start went)."""
     if len(_STARTED) == 2 and asked_at:
         now = time.time()
-        os.write(fd, (f"kb_nano: judge started {now - _STARTED[0]:.2f} s ago, imports done {now - _STARTED[1]:.2f} s "
-                      f"ago; this job asked for it {now - asked_at:.2f} s ago\n").encode())
+        os.write(
+            fd,
+            (
+                f"kb_nano: judge started {now - _STARTED[0]:.2f} s ago, imports done {now - _STARTED[1]:.2f} s "
+                f"ago; this job asked for it {now - asked_at:.2f} s ago\n"
+            ).encode(),
+        )
         _STARTED.append(now)
 
 
@@ -99,7 +103,6 @@ def _one(req: dict, pools: dict, gpu_ids: str | None, warm: list) -> str:
     from kb_nano.kernels import signing
     from kb_nano.kernels.fields import resolve_device
     from kb_nano.kernels.measure import measure
-    from kb_nano.kernels.pool import Pool
     from kb_nano.schema import write_rows
 
     root = Path(req["root"])
@@ -126,11 +129,12 @@ def _one(req: dict, pools: dict, gpu_ids: str | None, warm: list) -> str:
             n = pools[key].warm(sorted(warm, key=lambda f: f[0] != mine), settings, fd, deadline)
             os.write(fd, f"kb_nano: started the workers of {n} candidate(s) ahead of their jobs\n".encode())
         started_at = utc_now()
-        row = measure(req["scenario"], req["candidate_id"], Path(req["candidate_path"]), settings, root,
-                      pools[key], fd)
+        row = measure(req["scenario"], req["candidate_id"], Path(req["candidate_path"]), settings, root, pools[key], fd)
         row.update(gpu_ids=gpu_ids, started_at=started_at, ended_at=utc_now())
         write_rows([row], out, secret=signing.key(root))
-        line = f"{row['scenario_id']} {row['candidate']}: {row['status']}" + (f" ({row['error']})" if row["error"] else "")
+        line = f"{row['scenario_id']} {row['candidate']}: {row['status']}" + (
+            f" ({row['error']})" if row["error"] else ""
+        )
         os.write(fd, (line + "\n").encode())
         return row["status"]
     except Exception:

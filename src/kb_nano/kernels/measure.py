@@ -20,12 +20,13 @@ import torch
 
 from kb_nano import roofline
 from kb_nano.kernels import timing
-from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
-from kb_nano.kernels.fields import device_name, resolve_device, row_fields
 from kb_nano.kernels.agreement import timer_fields
 from kb_nano.kernels.blocks import MIN_BLOCKS, estimate, hidden_ms
-from kb_nano.kernels.judge import HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, WORKER_VERDICTS, Measurement, Verdict
+from kb_nano.kernels.fields import device_name, resolve_device, row_fields
+from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
+from kb_nano.kernels.judge import HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
+from kb_nano.kernels.verdict import WORKER_VERDICTS, Verdict
 from kb_nano.operators.base import DTYPES
 from kb_nano.schema import make_row
 
@@ -36,8 +37,9 @@ class Interrupted(Exception):
     """A worker died of a SIGINT from outside (Ctrl-C): the job ends without a row."""
 
 
-def measure(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path, pool: Pool,
-            log_fd: int) -> dict:
+def measure(
+    scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path, pool: Pool, log_fd: int
+) -> dict:
     """Run candidate ``candidate_path`` against the baseline on ``scenario``; returns the row.
 
     ``settings``: ``device``, ``atol``/``rtol`` (None = the operator's), ``num_warmup``,
@@ -127,8 +129,14 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     t = time.perf_counter()
     num_trials = m.trials()
     m.phases["trials"] = -t + (t := time.perf_counter())
-    peak = roofline.peaks(device, device_name(device), DTYPES[m.scenario["dtype"]], root / "results/.device",
-                          settings.get("roofline"), working_set=m.scenario.get("bytes_moved"))
+    peak = roofline.peaks(
+        device,
+        device_name(device),
+        DTYPES[m.scenario["dtype"]],
+        root / "results/.device",
+        settings.get("roofline"),
+        working_set=m.scenario.get("bytes_moved"),
+    )
     m.phases["roofline peaks"] = -t + (t := time.perf_counter())
     s = m.timed(num_trials + 1)
     m.phases["timed"] = time.perf_counter() - t
@@ -147,12 +155,20 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     extra.update(timer_fields(s, device))
     kernels = s["kernel"]["kernels_cand"]
     if kernels and statistics.median(kernels) == 0 and statistics.median(s["kernel"]["kernels_base"]) > 0:
-        raise Verdict("unsynced_work", "the candidate's calls ran no GPU work while the kernel timer recorded them "
-                      "(the baseline's did): its outputs were made by work outside the timed calls", **extra)
+        raise Verdict(
+            "unsynced_work",
+            "the candidate's calls ran no GPU work while the kernel timer recorded them "
+            "(the baseline's did): its outputs were made by work outside the timed calls",
+            **extra,
+        )
     hidden = s["kernel"]["hidden"]
     if hidden and max(hidden) > 0:
-        raise Verdict("unsynced_work", f"{max(hidden):.4g} ms of the candidate's GPU work ran before the first call "
-                      "of a kernel-timer batch: work left running from earlier calls, outside the timed calls", **extra)
+        raise Verdict(
+            "unsynced_work",
+            f"{max(hidden):.4g} ms of the candidate's GPU work ran before the first call "
+            "of a kernel-timer batch: work left running from earlier calls, outside the timed calls",
+            **extra,
+        )
     # once more on new values in the slots the timed calls used
     k = num_trials % 2
     gen = generator(device, m.seed ^ 0xA11)
@@ -215,9 +231,13 @@ def _cross_check(s: dict, calls: int, device: torch.device, extra: dict, timer: 
     :data:`HIDDEN_FLOOR_MS` (:func:`kb_nano.kernels.blocks.hidden_ms`)."""
     hidden = hidden_ms(s)
     if hidden > _limit(s, device):
-        raise Verdict("unsynced_work", f"the judge's clock around the candidate's {timer} batches of {calls} calls exceeds the "
-                      f"call times its worker reported by {hidden:.4g} ms per batch more than the baseline's: work "
-                      "outside the timed calls (or a forged clock)", **extra)
+        raise Verdict(
+            "unsynced_work",
+            f"the judge's clock around the candidate's {timer} batches of {calls} calls exceeds the "
+            f"call times its worker reported by {hidden:.4g} ms per batch more than the baseline's: work "
+            "outside the timed calls (or a forged clock)",
+            **extra,
+        )
 
 
 def measure_once(scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path) -> dict:
@@ -229,7 +249,8 @@ def measure_once(scenario: dict, candidate_id: str, candidate_path: Path, settin
     pool = Pool(str(device), {"OMP_WAIT_POLICY": "PASSIVE"}, Path(root))
     with tempfile.TemporaryFile() as log:
         try:
-            return measure(scenario, candidate_id, Path(candidate_path), {"seed": None, **settings}, Path(root), pool,
-                           log.fileno())
+            return measure(
+                scenario, candidate_id, Path(candidate_path), {"seed": None, **settings}, Path(root), pool, log.fileno()
+            )
         finally:
             pool.close()

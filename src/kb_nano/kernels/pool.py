@@ -164,7 +164,11 @@ class WorkerHandle:
 
         if code == SELF_SIGINT_STATUS:
             return WorkerGone(f"the {self.role} sent SIGINT to its own process")
-        how = f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with status {code}"
+        how = (
+            f"killed by signal {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"exited with status {code}"
+        )
         return WorkerGone(f"{self.role} worker {how} without a result" + _last_line(self.log_fd), role=self.role)
 
     def cpu_s(self) -> float:
@@ -219,8 +223,11 @@ def candidate_key(path: Path, settings: dict) -> tuple:
 
 
 def _fixed(settings: dict) -> tuple:
-    return (int(settings["num_threads"]), str(settings.get("float32_matmul_precision") or "highest"),
-            settings.get("memory_limit_gb"))
+    return (
+        int(settings["num_threads"]),
+        str(settings.get("float32_matmul_precision") or "highest"),
+        settings.get("memory_limit_gb"),
+    )
 
 
 _CONTEXT = None
@@ -264,9 +271,15 @@ class Pool:
         self.scratch = Path(tempfile.mkdtemp(prefix="kb_nano-"))
 
     def _spec(self, role: str, settings: dict) -> dict:
-        return {"role": role, "device": self.device, "env": self.env, "owner_pid": os.getpid(),
-                "num_threads": int(settings["num_threads"]), "memory_limit_gb": settings.get("memory_limit_gb"),
-                "precision": str(settings.get("float32_matmul_precision") or "highest")}
+        return {
+            "role": role,
+            "device": self.device,
+            "env": self.env,
+            "owner_pid": os.getpid(),
+            "num_threads": int(settings["num_threads"]),
+            "memory_limit_gb": settings.get("memory_limit_gb"),
+            "precision": str(settings.get("float32_matmul_precision") or "highest"),
+        }
 
     def start_baseline(self, settings: dict, log_fd: int, deadline: float) -> None:
         """Start the baseline worker when it is missing or its settings changed, without
@@ -284,8 +297,9 @@ class Pool:
         self.baseline.wait_ready(deadline)
         return self.baseline
 
-    def get_candidate(self, path: Path, target: str, settings: dict, log_fd: int, deadline: float,
-                      wait: bool = True) -> WorkerHandle:
+    def get_candidate(
+        self, path: Path, target: str, settings: dict, log_fd: int, deadline: float, wait: bool = True
+    ) -> WorkerHandle:
         """The worker of candidate file ``path`` (started, sandboxed and importing the
         candidate when there is none for the file's current bytes), ready unless ``wait``
         is false."""
@@ -305,15 +319,26 @@ class Pool:
         cache = cache_dir() / key[1][:16]
         for d in (scratch, cache):
             d.mkdir(parents=True, exist_ok=True)
-        env = {**self.env, "TMPDIR": str(scratch), "TRITON_CACHE_DIR": str(cache / "triton"),
-               "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "CUDA_CACHE_PATH": str(cache / "nv"),
-               "NUMBA_CACHE_DIR": str(cache / "numba"),
-               # Inductor compiles in the worker, not in a pool of compile processes that may
-               # still be busy starting up when the baseline is timed (which reads as work left running)
-               "TORCHINDUCTOR_COMPILE_THREADS": "1",
-               "HOME": str(scratch)}
-        spec = {**self._spec("candidate", settings), "env": env, "path": str(path), "target": target,
-                "writable": [str(scratch), str(cache)], "hidden": [str(self.root / "results")]}
+        env = {
+            **self.env,
+            "TMPDIR": str(scratch),
+            "TRITON_CACHE_DIR": str(cache / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+            "CUDA_CACHE_PATH": str(cache / "nv"),
+            "NUMBA_CACHE_DIR": str(cache / "numba"),
+            # Inductor compiles in the worker, not in a pool of compile processes that may
+            # still be busy starting up when the baseline is timed (which reads as work left running)
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            "HOME": str(scratch),
+        }
+        spec = {
+            **self._spec("candidate", settings),
+            "env": env,
+            "path": str(path),
+            "target": target,
+            "writable": [str(scratch), str(cache)],
+            "hidden": [str(self.root / "results")],
+        }
         handle = WorkerHandle(self.ctx, spec, log_fd, deadline, wait=wait)
         self.candidates[key] = handle
         return handle

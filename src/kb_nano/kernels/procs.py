@@ -42,7 +42,11 @@ def restore_scheduling(pid: int) -> list[int]:
     for tid in os.listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(OSError, ValueError):
             t = int(tid)
-            if (frozenset(os.sched_getaffinity(t)), os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) != want:
+            if (
+                frozenset(os.sched_getaffinity(t)),
+                os.sched_getscheduler(t),
+                os.getpriority(os.PRIO_PROCESS, t),
+            ) != want:
                 changed.append(t)
                 os.sched_setaffinity(t, want[0])
                 os.sched_setscheduler(t, want[1], os.sched_param(0))
@@ -98,15 +102,21 @@ def process_tampering(base_pid: int, cand_pid: int) -> str | None:
     the same user: Landlock does not cover them; both restored first), or the candidate's
     threads run at a real-time policy or a lower niceness than the judge."""
     if restore_scheduling(base_pid):
-        return ("the baseline worker's CPU affinity or scheduling was changed during the measurement (restored): "
-                "only the candidate's process could have done it")
+        return (
+            "the baseline worker's CPU affinity or scheduling was changed during the measurement (restored): "
+            "only the candidate's process could have done it"
+        )
     limits = restore_limits(base_pid)
     if limits:
-        return (f"the baseline worker's resource limits ({', '.join(limits)}) were changed during the measurement: "
-                "only the candidate's process could have done it")
+        return (
+            f"the baseline worker's resource limits ({', '.join(limits)}) were changed during the measurement: "
+            "only the candidate's process could have done it"
+        )
     if elevated_threads(cand_pid):
-        return ("the candidate's process raised its own scheduling priority (a real-time policy or a lower "
-                "niceness): it would be timed shielded from load the baseline is not")
+        return (
+            "the candidate's process raised its own scheduling priority (a real-time policy or a lower "
+            "niceness): it would be timed shielded from load the baseline is not"
+        )
     return None
 
 

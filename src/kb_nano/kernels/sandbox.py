@@ -51,8 +51,11 @@ _ARCHES = {"x86_64", "aarch64", "arm64"}
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -74,8 +77,9 @@ def _probe() -> tuple[int, str]:
         return 0, f"unsupported architecture {platform.machine()}"
     try:
         libc = _libc()
-        abi = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
-                           ctypes.c_uint32(_CREATE_RULESET_VERSION))
+        abi = libc.syscall(
+            ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION)
+        )
     except (OSError, AttributeError) as e:
         return 0, f"no syscall(): {e}"
     if abi <= 0:
@@ -95,20 +99,31 @@ def _beneath(path: str, top: str) -> bool:
 
 def _add(libc: ctypes.CDLL, ruleset: int, fd: int, access: int, path: str) -> None:
     attr = _PathBeneathAttr(access, fd)
-    if libc.syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(ruleset),
-                    ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(attr), ctypes.c_uint32(0)):
+    if libc.syscall(
+        ctypes.c_long(_SYS_ADD_RULE),
+        ctypes.c_int(ruleset),
+        ctypes.c_int(_RULE_PATH_BENEATH),
+        ctypes.byref(attr),
+        ctypes.c_uint32(0),
+    ):
         err = ctypes.get_errno()
         raise OSError(err, f"landlock_add_rule: {os.strerror(err)}", path)
 
 
-def _grant(libc: ctypes.CDLL, ruleset: int, path: str, access: int, handled: int,
-           dir_fd: int | None = None, must_exist: bool = False) -> None:
+def _grant(
+    libc: ctypes.CDLL,
+    ruleset: int,
+    path: str,
+    access: int,
+    handled: int,
+    dir_fd: int | None = None,
+    must_exist: bool = False,
+) -> None:
     """Add a path-beneath rule for ``path`` (symlinks are not followed; a non-directory
     gets only file rights). Unopenable entries are skipped unless ``must_exist``."""
     flags = os.O_PATH | os.O_CLOEXEC | (0 if must_exist else os.O_NOFOLLOW)
     try:
-        fd = os.open(os.path.basename(path) if dir_fd is not None else path, flags,
-                     dir_fd=dir_fd)
+        fd = os.open(os.path.basename(path) if dir_fd is not None else path, flags, dir_fd=dir_fd)
     except OSError as e:
         if must_exist:
             raise OSError(e.errno, f"cannot open writable path: {e.strerror}", path) from e
@@ -162,8 +177,9 @@ def restrict(writable: list[str | Path], hidden: list[str | Path]) -> str:
     attr = _RulesetAttr(handled, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     libc = _libc()
-    ruleset = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr),
-                           ctypes.c_size_t(size), ctypes.c_uint32(0))
+    ruleset = libc.syscall(
+        ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)
+    )
     if ruleset < 0:
         return f"none: landlock_create_ruleset failed ({os.strerror(ctypes.get_errno())})"
     try:
@@ -189,8 +205,7 @@ def restrict(writable: list[str | Path], hidden: list[str | Path]) -> str:
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
             err = ctypes.get_errno()
             raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
-        if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset),
-                        ctypes.c_uint32(0)):
+        if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)):
             err = ctypes.get_errno()
             raise OSError(err, f"landlock_restrict_self: {os.strerror(err)}")
     finally:

@@ -39,7 +39,7 @@ def _views(buf, specs, offsets) -> list[torch.Tensor]:
     base = torch.frombuffer(buf, dtype=torch.uint8)
     for (shape, dtype), off in zip(specs, offsets):
         n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        out.append(base[off:off + n].view(dtype).view(shape))
+        out.append(base[off : off + n].view(dtype).view(shape))
     return out
 
 

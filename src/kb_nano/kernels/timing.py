@@ -33,9 +33,9 @@ the reported times against its own clock around each batch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter_ns as _perf_counter_ns
 from time import sleep as _sleep
-from typing import Callable
 
 import numpy as np
 import torch
@@ -96,8 +96,13 @@ class L2Flush:
         current.wait_stream(self.stream)
 
 
-def time_calls(call: Callable[[int], object], slots: range, device: torch.device,
-               flush: L2Flush | None, after: Callable[[int, object], None]) -> list[float]:
+def time_calls(
+    call: Callable[[int], object],
+    slots: range,
+    device: torch.device,
+    flush: L2Flush | None,
+    after: Callable[[int, object], None],
+) -> list[float]:
     """Time one call per input slot in ``slots``; returns ms per call.
 
     ``call(i)`` runs the module on slot ``i``; ``after(i, out)`` (untimed) keeps the
@@ -183,8 +188,38 @@ def summarize(times_ms: list[float]) -> tuple[float, float]:
 # Student's t, two-sided 95%: t_{0.975, df} for df = 1..30 (NIST/SEMATECH e-Handbook of Statistical
 # Methods, table 1.3.6.7.2); above 30 the Cornish-Fisher expansion z + (z^3 + z) / (4 df)
 # + (5 z^5 + 16 z^3 + 3 z) / (96 df^2) (Abramowitz & Stegun 26.7.5), within 0.001 of the table at df = 30
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def t975(df: int) -> float:
@@ -192,7 +227,7 @@ def t975(df: int) -> float:
     if df <= len(T975):
         return T975[df - 1]
     z = 1.959964
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def speedup_ci(baseline_blocks: list[float], candidate_blocks: list[float]) -> tuple[float, float]:

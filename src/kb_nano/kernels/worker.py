@@ -72,11 +72,20 @@ class Side:
 
         supported = getattr(self.cls, "supported_devices", DEFAULT_DEVICES)
         if not isinstance(supported, (tuple, list)) or not all(isinstance(d, str) for d in supported):
-            return {"violation": ["import_error", f"{self.cls.__name__}.supported_devices must be a tuple of "
-                                  f"device types like ('cuda',), got {supported!r}"]}
+            return {
+                "violation": [
+                    "import_error",
+                    f"{self.cls.__name__}.supported_devices must be a tuple of "
+                    f"device types like ('cuda',), got {supported!r}",
+                ]
+            }
         if self.device.type not in tuple(supported):
-            return {"violation": ["skipped", f"{self.cls.__name__} supports {', '.join(supported)}; "
-                                  f"this run is on {self.device.type}"]}
+            return {
+                "violation": [
+                    "skipped",
+                    f"{self.cls.__name__} supports {', '.join(supported)}; this run is on {self.device.type}",
+                ]
+            }
         return {}
 
     def setup(self, msg: dict) -> dict:
@@ -100,7 +109,9 @@ class Side:
             baseline = self.op.baseline(**init_args)
             randomize_constant_parameters(baseline, msg["param_seed"])
             self.module = baseline.to(device=self.device, dtype=dtype).eval()
-            params = [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in self.module.state_dict().items()]
+            params = [
+                [k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in self.module.state_dict().items()
+            ]
             return {"ok": True, "params": params}
         try:
             # its parameters are the baseline's (loaded next): torch.nn.init's functions are
@@ -109,7 +120,9 @@ class Side:
                 module = self.cls(**init_args)
             deferred.replay(module)
         except Exception as exc:
-            return {"violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {explain(exc)}"]}
+            return {
+                "violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {explain(exc)}"]
+            }
         try:
             # moved and cast first: its (unset) parameters take the loaded values in place,
             # device to device (the same values as loading first, the cast being exact);
@@ -119,7 +132,12 @@ class Side:
             module = module.to(device=self.device, dtype=dtype)
             module.load_state_dict(dict(zip(msg["names"], self.params)), strict=True)
         except Exception as exc:
-            return {"violation": ["import_error", f"moving it to the device and dtype, or loading the baseline's state_dict: {explain(exc)}"]}
+            return {
+                "violation": [
+                    "import_error",
+                    f"moving it to the device and dtype, or loading the baseline's state_dict: {explain(exc)}",
+                ]
+            }
         finally:
             self.params = []
         self.module = module.eval()
@@ -305,8 +323,10 @@ class Side:
         if self.mismatch is not None:
             return self.mismatch
         if checks.first_overlap(self.batch_outs, older) is not None:
-            return "output_aliased", ("an output of a timed call shares memory with the output of an earlier call: "
-                                      "a reused buffer is overwritten by the next call")
+            return "output_aliased", (
+                "an output of a timed call shares memory with the output of an earlier call: "
+                "a reused buffer is overwritten by the next call"
+            )
         return None
 
 
@@ -318,8 +338,14 @@ def explain(exc: BaseException) -> str:
     from kb_nano.candidates import one_line
 
     traceback.print_exception(exc)
-    hint = (" (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
-            "directory, see docs/measurement.md)") if isinstance(exc, PermissionError) else ""
+    hint = (
+        (
+            " (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
+            "directory, see docs/measurement.md)"
+        )
+        if isinstance(exc, PermissionError)
+        else ""
+    )
     return one_line(exc)[: 300 - len(hint)] + hint
 
 
@@ -330,9 +356,10 @@ def _drop(k: int, out) -> None:
 def _matches(outs: list, dest: list) -> bool:
     """Whether a call's outputs have the shapes and dtypes of the judge's output slot."""
     return len(outs) == len(dest) and all(
-        (o is None and d is None) or (isinstance(o, torch.Tensor) and d is not None
-                                      and tuple(o.shape) == tuple(d.shape) and o.dtype == d.dtype)
-        for o, d in zip(outs, dest))
+        (o is None and d is None)
+        or (isinstance(o, torch.Tensor) and d is not None and tuple(o.shape) == tuple(d.shape) and o.dtype == d.dtype)
+        for o, d in zip(outs, dest)
+    )
 
 
 def spec_of(out) -> dict:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -100,7 +100,7 @@ TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 
-def tolerance_for(op: "Operator", dtype: str) -> tuple[float, float]:
+def tolerance_for(op: Operator, dtype: str) -> tuple[float, float]:
     """``(atol, rtol)`` of ``op`` for scenario dtype ``dtype`` (the bf16 entry when the
     table has no row for it)."""
     table = op.tolerance

@@ -106,7 +106,9 @@ def _meta_causal_lm(cfg):
 
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(cfg, attn_implementation=cfg._attn_implementation, dtype=torch.float32)
+            return AutoModelForCausalLM.from_config(
+                cfg, attn_implementation=cfg._attn_implementation, dtype=torch.float32
+            )
     except ValueError as exc:  # unknown architecture
         raise NotApplicable(f"transformers has no causal-LM class for {type(cfg).__name__}: {exc}") from None
 

@@ -47,7 +47,6 @@ def candidate_hashes(rows: list[dict], root: Path) -> dict[str, str]:
     return out
 
 
-
 def e2e_candidate_hashes(rows: list[dict]) -> dict[str, str]:
     """``{candidate id: SHA-256}`` from the rows' ``candidate_sha256`` JSON (the hash the
     job measured)."""

@@ -35,8 +35,15 @@ def e2e_metrics(rows: list[dict]) -> dict[str, float]:
     }
     for status in sorted({r["status"] for r in rows}):
         m[f"status/{status}"] = sum(r["status"] == status for r in rows)
-    keys = ("total_tokens_per_s", "output_tokens_per_s", "requests_per_s", "avg_latency_ms", "p50_latency_ms",
-            "p99_latency_ms", "speedup")
+    keys = (
+        "total_tokens_per_s",
+        "output_tokens_per_s",
+        "requests_per_s",
+        "avg_latency_ms",
+        "p50_latency_ms",
+        "p99_latency_ms",
+        "speedup",
+    )
     for r in ok:
         where = f"{r['model']}/tp{r['tp']}/{r['workload']}/{r['variant']}"
         for k in keys:
@@ -109,8 +116,13 @@ def log_e2e(
     params = e2e_params(rows, config, root)
     if tier == "eval":
         ev = (config or {}).get("eval") or {}
-        params.update({"smoke": str(bool(ev.get("smoke"))), "num_prompts": str(ev.get("num_prompts", "")),
-                       "gpu_pool": str(ev.get("gpu_pool", ""))})
+        params.update(
+            {
+                "smoke": str(bool(ev.get("smoke"))),
+                "num_prompts": str(ev.get("num_prompts", "")),
+                "gpu_pool": str(ev.get("gpu_pool", "")),
+            }
+        )
         tags["kb_nano.smoke"] = params["smoke"]
     vllm_files = sorted({Path(r["vllm_json"]) for r in rows if r["status"] == "ok" and r.get("vllm_json")})
     record = log_run(

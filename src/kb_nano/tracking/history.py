@@ -157,7 +157,9 @@ def resolve_run(mlflow_client, ref: str, tracking_uri: str = "the tracking store
         if len(hits) > 1:
             raise KbNanoError(f"--compare: run id prefix {ref!r} is ambiguous ({len(hits)} runs); give more characters")
     if len(ref) < 4:
-        raise KbNanoError(f"--compare: run id prefix {ref!r} is too short; give at least 4 characters (see `kb_nano history`)")
+        raise KbNanoError(
+            f"--compare: run id prefix {ref!r} is too short; give at least 4 characters (see `kb_nano history`)"
+        )
     raise KbNanoError(f"--compare: no kb-nano run {ref!r} in {tracking_uri}; see `kb_nano history`")
 
 
@@ -175,7 +177,9 @@ def _run_rows(tracking_uri: str, run) -> list[dict]:
                 run_id=run.info.run_id, artifact_path=path, dst_path=tmp, tracking_uri=tracking_uri
             )
         except (MlflowException, OSError) as exc:
-            raise KbNanoError(f"--compare: cannot read {path} of run {run.info.run_id}: {' '.join(str(exc).split())[:200]}") from None
+            raise KbNanoError(
+                f"--compare: cannot read {path} of run {run.info.run_id}: {' '.join(str(exc).split())[:200]}"
+            ) from None
         return json.loads(Path(local).read_text())["rows"]
 
 
@@ -222,8 +226,14 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
                 "change": vb / va - 1 if va and vb else None,
             }
         )
-    out.sort(key=lambda r: (r["status_a"] == r["status_b"], r["change"] is None, -abs(r["change"] or 0.0),
-                            *(str(r[k]) for k in keys)))
+    out.sort(
+        key=lambda r: (
+            r["status_a"] == r["status_b"],
+            r["change"] is None,
+            -abs(r["change"] or 0.0),
+            *(str(r[k]) for k in keys),
+        )
+    )
     return {"tier": ta, "a": _summary(ra, ta), "b": _summary(rb, tb), "rows": out}
 
 
@@ -277,8 +287,10 @@ def compare_table(result: dict) -> Table:
     statuses, both speedups and the relative change (red: slower by > 5 %, green: faster
     by > 5 %)."""
     a, b = result["a"], result["b"]
-    table = Table(title=f"kb-nano compare: A={a['run_id'][:12]} ({a['start_time']:%Y-%m-%d %H:%M}) "
-                        f"→ B={b['run_id'][:12]} ({b['start_time']:%Y-%m-%d %H:%M})")
+    table = Table(
+        title=f"kb-nano compare: A={a['run_id'][:12]} ({a['start_time']:%Y-%m-%d %H:%M}) "
+        f"→ B={b['run_id'][:12]} ({b['start_time']:%Y-%m-%d %H:%M})"
+    )
     for col, justify in (
         ("scenario", "left"),
         ("candidate", "left"),

@@ -109,7 +109,6 @@ def kernel_params(rows: list[dict], config: dict | None, root: Path) -> dict[str
     }
 
 
-
 def read_parquet_rows(path: Path) -> list[dict]:
     """All rows of a merged Parquet file as dicts."""
     import pyarrow.parquet as pq
@@ -142,8 +141,10 @@ def log_kernels(
     from kb_nano.manifest import load as load_manifest
 
     if manifest_digest is not None and load_manifest(manifest).get("inputs_digest") != manifest_digest:
-        raise KbNanoError(f"{manifest} was rewritten by another kb_nano/snakemake invocation while this one ran; "
-                          "rerun this command to log its results (its rows are kept)")
+        raise KbNanoError(
+            f"{manifest} was rewritten by another kb_nano/snakemake invocation while this one ran; "
+            "rerun this command to log its results (its rows are kept)"
+        )
     tier = "kernels"
     rows = read_parquet_rows(parquet)
     cands = candidate_hashes(rows, root)
@@ -165,7 +166,11 @@ def log_kernels(
         params=params,
         metrics=kernel_metrics(rows),
         tags=tags,
-        artifacts={"results": [Path(parquet), Path(json_path)], "plots": [Path(p) for p in plots], "inputs": [Path(manifest)]},
+        artifacts={
+            "results": [Path(parquet), Path(json_path)],
+            "plots": [Path(p) for p in plots],
+            "inputs": [Path(manifest)],
+        },
         run_name=f"{tier}-{digest[:12]}",
         marker=marker,
     )

@@ -123,7 +123,9 @@ def _colors(candidates: list[str]) -> dict[str, str]:
     return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(candidates)}
 
 
-def speedup_plot(rows: list[dict], out: Path, title: str = "kb-nano kernels: speedup over the PyTorch baseline") -> Path:
+def speedup_plot(
+    rows: list[dict], out: Path, title: str = "kb-nano kernels: speedup over the PyTorch baseline"
+) -> Path:
     """Grouped bars of speedup per scenario (x) and candidate (colour), one panel per
     target, log y axis, dashed line at 1.0 (bars start at 1.0: up = faster). Rows with a
     failure status get a red ✗ at 1.0 and the status; skipped rows a grey ○. Writes a PNG
@@ -133,7 +135,9 @@ def speedup_plot(rows: list[dict], out: Path, title: str = "kb-nano kernels: spe
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    targets = sorted({r["target"] for r in rows}, key=lambda t: (min(r["level"] or 0 for r in rows if r["target"] == t), t))
+    targets = sorted(
+        {r["target"] for r in rows}, key=lambda t: (min(r["level"] or 0 for r in rows if r["target"] == t), t)
+    )
     if not targets:
         fig = _figure(8, 3)
         fig.text(0.5, 0.5, "no kernel rows in this result set", ha="center", va="center")
@@ -168,9 +172,17 @@ def speedup_plot(rows: list[dict], out: Path, title: str = "kb-nano kernels: spe
                 status = r["status"]
                 if status == "passed" and r.get("speedup") and r["speedup"] > 0:
                     s = r["speedup"]
-                    ax.bar(x, s - 1.0, bottom=1.0, width=bar_w * 0.9, color=colors[cand], edgecolor="black", linewidth=0.4)
-                    ax.text(x, s * (1.04 if s >= 1 else 0.96), f"{s:.2f}x", ha="center",
-                            va="bottom" if s >= 1 else "top", fontsize=7)
+                    ax.bar(
+                        x, s - 1.0, bottom=1.0, width=bar_w * 0.9, color=colors[cand], edgecolor="black", linewidth=0.4
+                    )
+                    ax.text(
+                        x,
+                        s * (1.04 if s >= 1 else 0.96),
+                        f"{s:.2f}x",
+                        ha="center",
+                        va="bottom" if s >= 1 else "top",
+                        fontsize=7,
+                    )
                 elif status == "skipped":
                     ax.plot([x], [1.0], marker="o", mfc="none", mec=SKIPPED_COLOR, ms=7, ls="none")
                 else:
@@ -190,7 +202,9 @@ def speedup_plot(rows: list[dict], out: Path, title: str = "kb-nano kernels: spe
         ax.grid(axis="y", which="both", alpha=0.25)
         handles = [Patch(facecolor=colors[c], edgecolor="black", label=c) for c in cands]
         if n_fail:
-            handles.append(Line2D([], [], marker="X", color=FAILED_COLOR, ls="none", ms=9, label="failed (status below)"))
+            handles.append(
+                Line2D([], [], marker="X", color=FAILED_COLOR, ls="none", ms=9, label="failed (status below)")
+            )
         if any(r["status"] == "skipped" for r in trows):
             handles.append(Line2D([], [], marker="o", mfc="none", mec=SKIPPED_COLOR, ls="none", ms=7, label="skipped"))
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
@@ -201,7 +215,9 @@ def speedup_plot(rows: list[dict], out: Path, title: str = "kb-nano kernels: spe
     return out
 
 
-def bandwidth_plot(rows: list[dict], out: Path, title: str = "kb-nano kernels: achieved bandwidth and FLOP rate") -> Path:
+def bandwidth_plot(
+    rows: list[dict], out: Path, title: str = "kb-nano kernels: achieved bandwidth and FLOP rate"
+) -> Path:
     """Roofline-style view of passed rows, one row of two panels per device name.
 
     Left: achieved memory bandwidth (GB/s, log) per row against bytes moved per call;
@@ -255,8 +271,14 @@ def bandwidth_plot(rows: list[dict], out: Path, title: str = "kb-nano kernels: a
         label = f"{dev} ({', '.join(kind)}; {', '.join(dtypes)})"
         if peak:
             ax_bw.axhline(peak["bandwidth_gbs"], color=FAILED_COLOR, lw=1.2)
-            ax_bw.text(ax_bw.get_xlim()[0], peak["bandwidth_gbs"] * 1.08, f" peak {peak['bandwidth_gbs']:,.0f} GB/s",
-                       color=FAILED_COLOR, fontsize=8, va="bottom")
+            ax_bw.text(
+                ax_bw.get_xlim()[0],
+                peak["bandwidth_gbs"] * 1.08,
+                f" peak {peak['bandwidth_gbs']:,.0f} GB/s",
+                color=FAILED_COLOR,
+                fontsize=8,
+                va="bottom",
+            )
             _roofline(ax_fl, peak)
             ax_bw.set_ylim(top=peak["bandwidth_gbs"] * 2)
             note = f"peak: {peak['source']}"
@@ -267,8 +289,10 @@ def bandwidth_plot(rows: list[dict], out: Path, title: str = "kb-nano kernels: a
             _log_axis(ax.yaxis)
         ax_bw.set_title(label, loc="left", fontsize=9)
         ax_fl.set_title(note, loc="left", fontsize=7, wrap=True)
-    handles = [Line2D([], [], marker="o", color=colors[c], ls="none", label=c)
-               for c in sorted({r["candidate"] for r in passed})]
+    handles = [
+        Line2D([], [], marker="o", color=colors[c], ls="none", label=c)
+        for c in sorted({r["candidate"] for r in passed})
+    ]
     handles.append(Line2D([], [], marker="o", mfc="none", mec=BASELINE_COLOR, ls="none", ms=8, label="baseline"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=11)
@@ -286,7 +310,9 @@ def _roofline(ax, peak: dict) -> None:
     xs = [lo, min(max(knee, lo), hi), hi]
     ys = [min(top, x * bw) for x in xs]
     ax.plot(xs, ys, color=FAILED_COLOR, lw=1.2)
-    ax.text(hi, top * 1.08, f"peak {peak['tflops']:,.0f} TFLOP/s ", color=FAILED_COLOR, fontsize=8, ha="right", va="bottom")
+    ax.text(
+        hi, top * 1.08, f"peak {peak['tflops']:,.0f} TFLOP/s ", color=FAILED_COLOR, fontsize=8, ha="right", va="bottom"
+    )
     ax.set_xlim(lo, hi)
     ax.set_ylim(top=top * 3)
 

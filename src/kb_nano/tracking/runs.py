@@ -87,8 +87,17 @@ def log_run(
 
     if params.get("git_sha", "unknown") != "unknown":
         tags = {**tags, "mlflow.source.git.commit": params["git_sha"].split(",")[0].removesuffix("-dirty")}
-    record = _log_run(tier=tier, tracking_uri=tracking_uri, digest=digest, params=params, metrics=metrics, tags=tags,
-                      artifacts=artifacts, run_name=run_name, lock_timeout_s=lock_timeout_s)
+    record = _log_run(
+        tier=tier,
+        tracking_uri=tracking_uri,
+        digest=digest,
+        params=params,
+        metrics=metrics,
+        tags=tags,
+        artifacts=artifacts,
+        run_name=run_name,
+        lock_timeout_s=lock_timeout_s,
+    )
     if marker is not None:
         atomic_write_text(Path(marker), json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
@@ -128,7 +137,9 @@ def _log_run(
         if existing:
             return _record(existing[0], tier, exp_name, exp_id, digest, tracking_uri, created=False)
         all_tags = {**tags, "kb_nano.tier": tier, DIGEST_TAG: digest}
-        run = _retry(c.create_run, exp_id, tags={k: str(v)[:MAX_TAG_CHARS] for k, v in all_tags.items()}, run_name=run_name)
+        run = _retry(
+            c.create_run, exp_id, tags={k: str(v)[:MAX_TAG_CHARS] for k, v in all_tags.items()}, run_name=run_name
+        )
         run_id = run.info.run_id
         try:
             now = int(time.time() * 1000)

@@ -29,9 +29,6 @@ MAX_PARAM_CHARS = 6000  # MLflow's param value limit
 MAX_TAG_CHARS = 8000  # MLflow's tag value limit
 
 
-
-
-
 def experiment_name(tier: str) -> str:
     """``kb_nano/{tier}``; raises ``KbNanoError`` for a tier not in :data:`TIERS`."""
     if tier not in TIERS:
@@ -69,7 +66,9 @@ def resolve_tracking_uri(root: Path, config: dict | None = None, explicit: str |
 def _normalize(uri: str, root: Path) -> str:
     if uri.startswith("sqlite:"):
         if not uri.startswith("sqlite:///") or uri[len("sqlite:///") :] in ("", ":memory:"):
-            raise KbNanoError(f"tracking URI {uri!r}: an in-memory SQLite store keeps nothing; use sqlite:////abs/path.db")
+            raise KbNanoError(
+                f"tracking URI {uri!r}: an in-memory SQLite store keeps nothing; use sqlite:////abs/path.db"
+            )
         path = Path(uri[len("sqlite:///") :])
         if not path.is_absolute():
             path = (root / path).resolve()
@@ -170,7 +169,9 @@ def store_lock(uri: str, timeout_s: float = 600.0):
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise KbNanoError(f"{lock_path}: another writer held the MLflow store lock for {timeout_s:.0f} s") from None
+                    raise KbNanoError(
+                        f"{lock_path}: another writer held the MLflow store lock for {timeout_s:.0f} s"
+                    ) from None
                 time.sleep(0.1)
         try:
             yield

@@ -3,7 +3,6 @@
 device memory)."""
 
 import torch
-
 from _common import Base
 
 EXPECTED = "runtime_error"

@@ -5,7 +5,6 @@ import threading
 import time
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "unsynced_work"

@@ -16,7 +16,6 @@ import gc
 import sys
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "unsynced_work"
@@ -26,8 +25,9 @@ _PENDING: dict = {}  # id(returned buffer) -> (buffer, x, module)
 
 
 def _find_sides() -> list:
-    return [o for o in gc.get_objects()
-            if type(o).__name__ == "Side" and type(o).__module__ == "kb_nano.kernels.worker"]
+    return [
+        o for o in gc.get_objects() if type(o).__name__ == "Side" and type(o).__module__ == "kb_nano.kernels.worker"
+    ]
 
 
 def _patch_keep() -> bool:

@@ -2,7 +2,6 @@
 work (where it times)."""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "incorrect"

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import Base
 
 EXPECTED = "incorrect"

@@ -4,7 +4,6 @@
 import sys
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "incorrect"

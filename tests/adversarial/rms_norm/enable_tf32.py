@@ -2,7 +2,6 @@
 baseline included)."""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "tampered"

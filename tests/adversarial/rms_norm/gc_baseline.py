@@ -14,9 +14,8 @@ import gc
 import time
 
 import torch
-from torch import nn
-
 from _common import Base, rms_norm
+from torch import nn
 
 EXPECTED = "passed"
 EXPECTED_LIKE = "rms_norm/honest_fused"  # the same computation, honestly: no faster than it

@@ -4,7 +4,6 @@ every other module (the baseline) wait 0.2 ms per call."""
 import time
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "tampered"

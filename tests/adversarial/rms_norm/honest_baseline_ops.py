@@ -2,7 +2,6 @@
 slot, nothing shared between calls: the honest twin of ``shift_work.py``. Must pass."""
 
 import torch
-
 from _common import Base
 
 EXPECTED = "passed"

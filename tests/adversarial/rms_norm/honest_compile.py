@@ -6,7 +6,6 @@ Importing ``torch._dynamo`` re-binds some torch functions to torch's own wrapper
 the guard accepts. Must pass."""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "passed"

@@ -6,7 +6,6 @@ stay in torch, as in the baseline. Must pass."""
 import numba
 import numpy as np
 import torch
-
 from _common import Base
 
 EXPECTED = "passed"

@@ -4,7 +4,6 @@ multiply stay in torch, as in the baseline. Must pass."""
 
 import numpy as np
 import torch
-
 from _common import Base
 
 EXPECTED = "passed"

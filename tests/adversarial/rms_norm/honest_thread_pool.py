@@ -4,7 +4,6 @@ Its pool threads stay alive but idle between calls. Must pass."""
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "passed"

@@ -5,7 +5,6 @@ has ended before the call returns, so nothing runs outside the timing. Must pass
 import threading
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "passed"
@@ -24,8 +23,10 @@ class HonestThreads(Base):
             except BaseException as exc:  # re-raised in the caller
                 errors.append(exc)
 
-        threads = [threading.Thread(target=part, args=(rows,), name=f"honest-part-{i}")
-                   for i, rows in enumerate((slice(0, half), slice(half, None)))]
+        threads = [
+            threading.Thread(target=part, args=(rows,), name=f"honest-part-{i}")
+            for i, rows in enumerate((slice(0, half), slice(half, None)))
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -2,7 +2,6 @@
 poisons the CUDA context for the rest of the process."""
 
 import torch
-
 from _common import Base
 
 EXPECTED = "runtime_error"

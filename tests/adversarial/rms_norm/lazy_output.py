@@ -2,7 +2,6 @@
 call only builds a promise."""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "invalid_output"

@@ -10,7 +10,6 @@ check, ``Side._batch_outputs``, tells a batch's outputs from older ones by ``id(
 re-returned tensor object counts as old and the wrap is not seen in the batch itself.)"""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "output_aliased"

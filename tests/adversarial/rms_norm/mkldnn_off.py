@@ -7,7 +7,6 @@ the candidate is imported and compares them after the import: ``tampered``. (The
 is in another process anyway, where the flag is untouched.)"""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "tampered"

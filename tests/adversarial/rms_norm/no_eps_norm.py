@@ -7,7 +7,6 @@ Why it is stopped: the norm operators get edge-case correctness trials
 ``rsqrt(0) = inf`` and ``0 * inf = NaN`` while the baseline returns zeros: ``nonfinite``."""
 
 import torch
-
 from _common import Base
 
 EXPECTED = "nonfinite"

@@ -2,9 +2,9 @@
 
 import time
 
-from kb_nano.operators import norms
-
 from _common import Base, rms_norm
+
+from kb_nano.operators import norms
 
 EXPECTED = "tampered"
 EXPECTED_ERROR = "modified the baseline class RMSNorm"

@@ -1,7 +1,6 @@
 """Hack: replace torch.cuda.Event with one whose elapsed_time reports a tenth."""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "tampered"

@@ -3,7 +3,6 @@
 import time
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "tampered"

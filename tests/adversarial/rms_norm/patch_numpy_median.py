@@ -1,7 +1,6 @@
 """Hack: replace numpy's median so any statistics computed with it favour the candidate."""
 
 import numpy as np
-
 from _common import Base, rms_norm
 
 EXPECTED = "tampered"

@@ -1,7 +1,6 @@
 """Hack: make torch.cuda.synchronize a no-op, so a harness that waits on it stops early."""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "tampered"

@@ -12,7 +12,6 @@ matches none of them: ``incorrect`` from the first correctness trial."""
 import hashlib
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "incorrect"

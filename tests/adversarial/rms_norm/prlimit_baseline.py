@@ -14,12 +14,10 @@ limits with its own (the worker inherits the judge's) and restores them; a diffe
 import resource
 
 import psutil
-
 from _common import Base, rms_norm
 
 EXPECTED = "tampered"
 EXPECTED_ERROR = "resource limits"
-
 
 
 def _cap_the_baseline() -> None:

@@ -2,7 +2,6 @@
 never share memory."""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "output_aliased"

@@ -24,8 +24,8 @@ class ShiftWork2(nn.Module):
         self.hidden_size = hidden_size
         self.variance_epsilon = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.buf = None      # (storage data_ptr of the inputs, output buffer)
-        self.done = {}       # slot -> (rows already written, fingerprint)
+        self.buf = None  # (storage data_ptr of the inputs, output buffer)
+        self.done = {}  # slot -> (rows already written, fingerprint)
 
     def _norm(self, x, out):
         xf = x.float()
@@ -34,7 +34,7 @@ class ShiftWork2(nn.Module):
 
     def forward(self, x, residual=None):
         n, h = x.shape
-        last = getattr(self, 'last', -9)
+        last = getattr(self, "last", -9)
         st = x.untyped_storage()
         slots = st.nbytes() // (x.numel() * x.element_size())
         slot = x.storage_offset() // x.numel()
@@ -52,9 +52,9 @@ class ShiftWork2(nn.Module):
         extra = max(0, min(want - (n - start), (slots - slot - 1) * n))
         base = x.storage_offset() // h  # row index in the slot storage
         rows = x.new_empty(0).set_(st, (base + start) * h, (n - start + extra, h), (h, 1))
-        self._norm(rows, buf[base + start: base + n + extra])
+        self._norm(rows, buf[base + start : base + n + extra])
         if extra:
             nxt = x.new_empty(0).set_(st, (base + n) * h, (min(extra, n), h), (h, 1))
             self.done[slot + 1] = (min(extra, n), nxt[:, :4].clone())
         self.last = slot
-        return buf[base: base + n]
+        return buf[base : base + n]

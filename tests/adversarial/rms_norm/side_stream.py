@@ -5,7 +5,6 @@ included its work; a stream created with ``cudaStreamNonBlocking``, here through
 does.)"""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "unsynced_work"

@@ -7,7 +7,6 @@ Why it is stopped: the judge compares the output of every timed call with the
 baseline's: the first skipped call makes the row ``incorrect`` ("in the timed calls")."""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "incorrect"

@@ -2,7 +2,6 @@
 silently overwrites what the caller holds."""
 
 import torch
-
 from _common import Base, rms_norm
 
 EXPECTED = "output_aliased"

@@ -3,10 +3,8 @@ torch call except while the candidate runs."""
 
 import time
 
-import torch
-from torch.overrides import TorchFunctionMode
-
 from _common import Base, rms_norm
+from torch.overrides import TorchFunctionMode
 
 EXPECTED = "tampered"
 EXPECTED_ERROR = "torch function modes"

@@ -60,10 +60,18 @@ def _forge(root: Path, name: str, shard: str, key) -> str:
 
         folder = root / "results" / "kernels" / TARGET / name
         folder.mkdir(parents=True, exist_ok=True)
-        row = make_row(status="passed", target=TARGET, candidate=f"{TARGET}/{name}",
-                       scenario_id=shard.removesuffix(".parquet"), speedup=FORGED_SPEEDUP, baseline_ms=1.0,
-                       candidate_ms=1.0 / FORGED_SPEEDUP, speedup_ci_low=FORGED_SPEEDUP,
-                       speedup_ci_high=FORGED_SPEEDUP, significant=True)
+        row = make_row(
+            status="passed",
+            target=TARGET,
+            candidate=f"{TARGET}/{name}",
+            scenario_id=shard.removesuffix(".parquet"),
+            speedup=FORGED_SPEEDUP,
+            baseline_ms=1.0,
+            candidate_ms=1.0 / FORGED_SPEEDUP,
+            speedup_ci_low=FORGED_SPEEDUP,
+            speedup_ci_high=FORGED_SPEEDUP,
+            significant=True,
+        )
         write_rows([row], folder / shard, secret=key if isinstance(key, bytes) else None)
         return f"wrote {folder / shard}"
     except Exception as exc:
@@ -74,8 +82,11 @@ def _attempt(when: str) -> None:
     try:
         for root in _roots():
             key = _read_key(root)
-            print(f"write_results ({when}): key {root}: "
-                  f"{'READ ' + str(len(key)) + ' bytes' if isinstance(key, bytes) else type(key).__name__}", flush=True)
+            print(
+                f"write_results ({when}): key {root}: "
+                f"{'READ ' + str(len(key)) + ' bytes' if isinstance(key, bytes) else type(key).__name__}",
+                flush=True,
+            )
             for name in NAMES:
                 for shard in _shard_names(root / "results" / "kernels" / TARGET / name):
                     print(f"write_results ({when}): {_forge(root, name, shard, key)}", flush=True)

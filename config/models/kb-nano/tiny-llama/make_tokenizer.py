@@ -34,13 +34,19 @@ def main() -> None:
     if tok.get_vocab_size() != VOCAB_SIZE:
         raise SystemExit(f"trained {tok.get_vocab_size()} entries, wanted {VOCAB_SIZE}; use a larger corpus")
     tok.save(str(HERE / "tokenizer.json"))
-    (HERE / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "model_max_length": 2048,
-    }, indent=2) + "\n")
+    (HERE / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "model_max_length": 2048,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {HERE / 'tokenizer.json'} ({tok.get_vocab_size()} entries) from {len(files)} files")
 
 
