@@ -116,8 +116,13 @@ def hidden_ms(s: dict) -> float:
     timed calls, or a forged clock, must then be in at most half the batches to pass, and
     the estimates (medians over blocks, :func:`estimate`) do not move with a minority of
     blocks; host jitter in a few batches moves neither."""
-    over_b = float(np.median(np.subtract(s["judge_base"], s["rep_base"])))
-    return float(np.median(np.subtract(s["judge_cand"], s["rep_cand"]))) - over_b
+    return float(np.median(batch_overhead_ms(s, "cand")) - np.median(batch_overhead_ms(s, "base")))
+
+
+def batch_overhead_ms(s: dict, side: str) -> np.ndarray:
+    """Per batch of ``side`` (``base`` | ``cand``): the judge's clock around it minus the
+    call times its worker reported, in ms (IPC, output copies, and whatever else ran)."""
+    return np.subtract(s[f"judge_{side}"], s[f"rep_{side}"])
 
 
 def estimate(p: dict) -> tuple[float, float]:

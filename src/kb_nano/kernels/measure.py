@@ -21,7 +21,7 @@ import torch
 from kb_nano import roofline
 from kb_nano.kernels import timing
 from kb_nano.kernels.agreement import timer_fields
-from kb_nano.kernels.blocks import MIN_BLOCKS, estimate, hidden_ms
+from kb_nano.kernels.blocks import MIN_BLOCKS, batch_overhead_ms, estimate, hidden_ms
 from kb_nano.kernels.fields import device_name, resolve_device, row_fields
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
 from kb_nano.kernels.judge import HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement
@@ -220,7 +220,7 @@ def _limit(s: dict, device: torch.device) -> float:
     host the scheduler's preemptions land between calls of either side, and the baseline's
     batches show how large they are (a candidate cannot widen that spread: its processes
     using CPU while the baseline runs is ``unsynced_work`` itself)."""
-    over_b = np.subtract(s["judge_base"], s["rep_base"])
+    over_b = batch_overhead_ms(s, "base")
     spread = float(np.subtract(*np.percentile(over_b, [75, 25]))) if len(over_b) >= 4 else 0.0
     return HIDDEN_FRACTION * statistics.median(s["rep_cand"]) + HIDDEN_FLOOR_MS.get(device.type, 0.3) + spread
 
