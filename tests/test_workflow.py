@@ -261,3 +261,27 @@ def test_a_damaged_manifest_is_one_line_and_regenerated(tmp_path, monkeypatch, c
     (work / "results/inputs/llm.yaml").write_bytes(content)
     data, how = workflow.manifest(work, config, Path("results/inputs/llm.yaml"))
     assert how == "generated" and data["scenarios"]
+
+
+def test_manifest_holds_only_the_selected_operators(tmp_path, monkeypatch):
+    """``targets`` / ``categories`` scope the manifest (a two-operator sweep need not run
+    the other operators' shape rules); another selection is another manifest, and the
+    unscoped one holds every operator."""
+    from kb_nano import operators, workflow
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "w").mkdir()
+    work = copy_workflow(tmp_path / "w")
+    base = {"models": ["llama32-1b"], "tp": [1], "num_tokens": [1], "dtype": "auto"}
+    path = Path("results/inputs/llm.yaml")
+
+    def targets(config):
+        data, how = workflow.manifest(work, config, path)
+        return {s["target"] for s in data["scenarios"]}, how
+
+    assert targets({**base, "targets": ["silu_and_mul", "rms_norm"]}) == ({"rms_norm", "silu_and_mul"}, "generated")
+    assert targets({**base, "targets": ["rms_norm", "silu_and_mul"]}) == ({"rms_norm", "silu_and_mul"}, None)
+    norms = {n for n, e in operators.CATALOG.items() if e.category == "norm"}
+    assert targets({**base, "categories": ["norm"]}) == (norms, "generated")
+    assert targets({**base, "targets": ["rms_norm"], "categories": ["activation"]}) == (set(), "generated")
+    assert targets(base)[0] == set(operators.CATALOG)

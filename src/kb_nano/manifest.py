@@ -39,9 +39,11 @@ def generate(
     dtype: str,
     root: Path,
     context_lens: list[int] | None = None,
+    targets: list[str] | None = None,
 ) -> dict:
     """Build the manifest for ``models`` (specs, see :func:`kb_nano.models.resolve`) ×
-    ``tps`` × ``num_tokens`` × every registered operator × its variants.
+    ``tps`` × ``num_tokens`` × every registered operator (or the operators named in
+    ``targets``, in registry order) × its variants.
 
     Variants are the extra axes an operator declares (``Operator.variants``): ``attention``
     has a prefill scenario and one decode scenario per ``context_lens`` entry (default
@@ -82,7 +84,7 @@ def generate(
             "config_sha256": config_sha256(ref, root),
             **facts,
         }
-        for name in operators.names():
+        for name in [n for n in operators.names() if targets is None or n in targets]:
             op = operators.get(name)
             atol, rtol = tolerance_for(op, model_dtype)
             variants = op.variants(op_facts, options)
@@ -231,7 +233,7 @@ def user_cache_path(digest: str) -> Path:
 
 def cached(path: Path, root: Path, params: dict, files: list[Path]) -> tuple[dict, str | None]:
     """The manifest for ``params`` (``models``, ``tp``, ``num_tokens``, ``dtype``,
-    ``context_lens``; see :func:`generate`): read from ``path`` when it records the same
+    ``context_lens``, ``targets``; see :func:`generate`): read from ``path`` when it records the same
     :func:`inputs_digest`; else copied from the user cache (:func:`user_cache_path`) when
     that holds one with the digest; else generated. A manifest not read from ``path`` is
     written there atomically (and a generated one to the user cache too, best effort).
@@ -261,6 +263,7 @@ def cached(path: Path, root: Path, params: dict, files: list[Path]) -> tuple[dic
         dtype=params["dtype"],
         root=root,
         context_lens=params.get("context_lens"),
+        targets=params.get("targets"),
     )
     manifest = {
         "schema_version": manifest["schema_version"],

@@ -185,14 +185,21 @@ def manifest_code_files() -> list[str]:
 
 
 def manifest(root: Path, config: dict, path: Path) -> tuple[dict, bool]:
-    """The scenario manifest of ``config`` at parse time (:func:`kb_nano.manifest.cached`):
+    """The scenario manifest of ``config`` at parse time (:func:`kb_nano.manifest.cached`),
+    of the operators ``targets`` and ``categories`` select (all when neither is set):
     read from ``path`` when its inputs (models, tp, num_tokens, dtype, context_lens, the
-    models' config.json files, the operators' shape code) are unchanged, else copied from
+    selected operators, the models' config.json files, the operators' shape code) are unchanged, else copied from
     the user cache or regenerated. Returns ``(manifest, how)``: ``how`` None (read from
     ``path``), ``"cache"`` or ``"generated"``. Raises ``KbNanoError``."""
     from kb_nano.manifest import cached
 
     params = {k: config.get(k) for k in ("models", "tp", "num_tokens", "dtype", "context_lens")}
+    # only the selected operators' scenarios: a sweep of two cheap operators need not import
+    # transformers' model classes (the decoder_layer and model operators' shape rules do)
+    if config.get("targets") or config.get("categories"):
+        params["targets"] = [
+            n for n in operators.names() if _wanted({"target": n, "category": operators.CATALOG[n].category}, config)
+        ]
     files = [root / f for f in model_config_files(root, config)] + [Path(f) for f in manifest_code_files()]
     return cached(root / path, root, params, files)
 

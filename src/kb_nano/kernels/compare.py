@@ -4,6 +4,8 @@ output slots."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kb_nano import operators
@@ -33,7 +35,7 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
             None,
             None,
         )
-    max_abs, max_ref, n_bad, n_all = 0.0, 0.0, 0, 0
+    pairs = []
     for i, (r, o) in enumerate(zip(refs, outs)):
         if r is None or o is None:
             if r is not o:
@@ -45,38 +47,20 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
             return "incorrect_shape", f"output {i}: shape {tuple(o.shape)}, baseline {tuple(r.shape)}", None, None
         if o.dtype != r.dtype:
             return "incorrect_dtype", f"output {i}: dtype {o.dtype}, baseline {r.dtype}", None, None
-        if not (r.is_floating_point() or r.is_complex()):
-            n_bad += int((o != r).sum())
-            n_all += r.numel()
-            if r.numel():
-                diff = (o.double() - r.double()).abs()
-                max_abs = max(max_abs, float(diff.max()))
-                max_ref = max(max_ref, float(r.double().abs().max()))
-            continue
-        # bf16/fp16 values and their differences are exact in float32; float32 needs float64
-        wide = torch.float64 if r.dtype in (torch.float32, torch.float64) or r.is_complex() else torch.float32
-        rf, of = r.to(wide), o.to(wide)
-        finite_o = torch.isfinite(of)
-        all_finite = bool(finite_o.all())
-        if not all_finite:
-            bad = ~finite_o & torch.isfinite(rf)
-            if bool(bad.any()):
-                return (
-                    "nonfinite",
-                    f"output {i}: {int(bad.sum())} NaN/Inf value(s) where the baseline is finite",
-                    None,
-                    None,
-                )
-        if rf.numel():
-            diff = (of - rf).abs_()  # rf/of may be r/o themselves: only new tensors are written
-            ref_abs = rf.abs()
-            if not all_finite:  # NaN/Inf where the baseline has them too: no difference counted
-                diff.nan_to_num_(0.0)  # equal infinities: NaN -> 0; opposite ones: inf -> float max
-                ref_abs.nan_to_num_(0.0)
-            max_abs = max(max_abs, float(diff.max()))
-            max_ref = max(max_ref, float(ref_abs.max()))
-            n_bad += int(diff.gt_(ref_abs.mul_(rtol).add_(atol)).sum())
-            n_all += rf.numel()
+        if r.numel():
+            pairs.append((i, r, o))
+    # one device->host read for all outputs (each a synchronize on CUDA): max |out - ref|,
+    # max |ref| and the count over the tolerance, in float64 (exact for these counts)
+    stats = [_stats(r, o, atol, rtol) for _, r, o in pairs]
+    values = torch.stack(stats).tolist() if stats else []
+    max_abs, max_ref, n_bad, n_all = 0.0, 0.0, 0, 0
+    for (i, r, o), (abs_i, ref_i, bad_i) in zip(pairs, values):
+        if not (math.isfinite(abs_i) and math.isfinite(ref_i)):  # NaN/Inf somewhere: classify it
+            found = _nonfinite(i, r, o, atol, rtol)
+            if isinstance(found[0], str):
+                return found
+            abs_i, ref_i, bad_i = found
+        max_abs, max_ref, n_bad, n_all = max(max_abs, abs_i), max(max_ref, ref_i), n_bad + int(bad_i), n_all + r.numel()
     max_rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else float("inf"))
     if n_bad:
         return (
@@ -86,6 +70,43 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
             max_rel,
         )
     return "passed", None, max_abs, max_rel
+
+
+def _wide(r: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both outputs in a dtype where they and their difference are exact: float32 for
+    bf16/fp16 (and integers up to 2**24 in magnitude), float64 for float32/float64 and
+    for integer outputs (token ids compared exactly), complex as is."""
+    if r.is_complex():
+        return r, o
+    wide = torch.float32 if r.dtype in (torch.bfloat16, torch.float16) else torch.float64
+    return r.to(wide), o.to(wide)
+
+
+def _stats(r: torch.Tensor, o: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+    """``[max|o - r|, max|r|, count(|o - r| > atol + rtol * |r|)]`` on the device, float64;
+    integer/bool outputs: the count is of elements that differ at all. NaN/Inf in either
+    output make one of the two maxima non-finite (:func:`_nonfinite` then classifies)."""
+    rf, of = _wide(r, o)
+    diff = (of - rf).abs()
+    ref_abs = rf.abs()
+    if r.is_floating_point() or r.is_complex():
+        bad = diff.gt(ref_abs.mul(rtol).add_(atol)).sum()
+    else:
+        bad = (o != r).sum()
+    return torch.stack([diff.max().double(), ref_abs.max().double(), bad.double()])
+
+
+def _nonfinite(i: int, r: torch.Tensor, o: torch.Tensor, atol: float, rtol: float):
+    """Output ``i`` holds NaN/Inf: ``nonfinite`` (a 4-tuple like :func:`compare`'s) when the
+    candidate has them where the baseline is finite; else ``(max_abs, max_ref, n_bad)``
+    with the places both have them counted as equal."""
+    rf, of = _wide(r, o)
+    bad = ~torch.isfinite(of) & torch.isfinite(rf)
+    if bool(bad.any()):
+        return "nonfinite", f"output {i}: {int(bad.sum())} NaN/Inf value(s) where the baseline is finite", None, None
+    diff = (of - rf).abs().nan_to_num_(0.0)  # equal infinities: NaN -> 0; opposite ones: inf -> float max
+    ref_abs = rf.abs().nan_to_num_(0.0)
+    return float(diff.max()), float(ref_abs.max()), int(diff.gt_(ref_abs.mul_(rtol).add_(atol)).sum())
 
 
 def tolerance(scenario: dict, settings: dict) -> tuple[float, float]:
