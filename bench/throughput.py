@@ -161,7 +161,9 @@ def bare_loop(root: Path, rows: list[dict]) -> tuple[float, list[dict]]:
     from kb_nano import candidates, manifest, operators
     from kb_nano.operators.base import DTYPES, make_tensor
 
-    scenarios = {s["scenario_id"]: s for s in manifest.load(root / "results" / "inputs" / "llm.yaml")["scenarios"]}
+    # the fresh copy holds one manifest: the selection's (kb_nano.workflow.manifest_path)
+    (path,) = (root / "results" / "inputs").glob("llm-*.yaml")
+    scenarios = {s["scenario_id"]: s for s in manifest.load(path)["scenarios"]}
     pairs = []
     with torch.inference_mode():
         for row in rows:
@@ -284,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         (root / "kb_nano_output.txt").write_text(proc.stdout)
         result["manifest"] = (
             "from the user cache"
-            if "llm.yaml (from the user cache)" in proc.stdout
+            if ".yaml (from the user cache)" in proc.stdout
             else "generated"
-            if "wrote results/inputs/llm.yaml" in proc.stdout
+            if "wrote results/inputs/llm-" in proc.stdout
             else "read back"
         )
         if proc.returncode:

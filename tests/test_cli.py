@@ -259,3 +259,27 @@ def test_cuda_only_settings_change_no_cpu_job():
     assert kbw.cpu_ignored(changed) == ["cuda_graph=False", "speedup_basis=kernel", "ci_target=0.05"]
     on_gpu = {**changed, "device": "cuda"}
     assert kbw.cpu_ignored(on_gpu) == [] and kbw.settings(on_gpu)["speedup_basis"] == "kernel"
+
+
+@pytest.mark.parametrize(
+    ("argv", "func", "kept"),
+    [
+        (["eval", "--dry-run"], "cmd_eval", "results/eval/"),
+        (["e2e", "latency", "--dry-run"], "cmd_e2e", "results/e2e/"),
+        (["kernels"], "cmd_kernels", "results/kernels/"),
+        (["history"], "cmd_history", None),
+    ],
+)
+def test_ctrl_c_names_where_that_commands_finished_work_is(monkeypatch, capsys, argv, func, kept):
+    """A Ctrl-C ends any command with one line and status 130, naming the folder that
+    command's finished shards are in (an interrupted `kb_nano eval` said results/kernels/)."""
+    from kb_nano.cli import parser
+
+    def interrupted(args, passthrough):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(parser, func, interrupted)
+    assert parser.main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("interrupted")
+    assert (kept in err) if kept else ("kept" not in err)

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -154,6 +156,18 @@ def test_mlflow_ui_serves_the_runs_on_loopback(store):
         with urllib.request.urlopen(req, timeout=10) as resp:
             runs = json.load(resp)["runs"]
         assert {r["info"]["run_id"] for r in runs} == set(ids.values())
+        # Ctrl-C in the terminal (SIGINT to the foreground process group): the server stops
+        # with kb_nano, quietly
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        time.sleep(1)  # the reader thread drains the pipe
+        rest = []
+        while not lines.empty():
+            rest.append(lines.get_nowait())
+        out = "".join(rest)
+        assert "Traceback" not in out and "KeyboardInterrupt" not in out and "CancelledError" not in out, out
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "health", timeout=5)
     finally:
         stop(proc)
     assert proc.returncode is not None

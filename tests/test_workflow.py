@@ -72,8 +72,14 @@ def test_editing_one_candidate_reruns_only_its_jobs(swept):
     assert row["candidate_sha256"] == hashlib.sha256(cand.read_bytes()).hexdigest()
 
 
+def _manifest_file(work: Path) -> Path:
+    """The one manifest a run of a fresh copy wrote (results/inputs/llm-<selection>.yaml)."""
+    (path,) = (work / "results/inputs").glob("llm-*.yaml")
+    return path
+
+
 def test_manifest_is_byte_identical_when_regenerated_and_kept_when_inputs_unchanged(swept, tmp_path, monkeypatch):
-    manifest = swept / "results/inputs/llm.yaml"
+    manifest = _manifest_file(swept)
     first = manifest.read_bytes()
     mtime = manifest.stat().st_mtime_ns
     snakemake(swept, "-n")
@@ -90,8 +96,8 @@ def test_manifest_is_byte_identical_when_regenerated_and_kept_when_inputs_unchan
     (tmp_path / "other").mkdir()
     other = copy_workflow(tmp_path / "other")
     out = snakemake(other, "-n")
-    assert "llm.yaml (from the user cache)" in out.stderr + out.stdout
-    assert (other / "results/inputs/llm.yaml").read_bytes() == first
+    assert f"{manifest.name} (from the user cache)" in out.stderr + out.stdout
+    assert (other / "results/inputs" / manifest.name).read_bytes() == first
 
 
 def test_manifest_digest_names_files_relative_and_includes_transformers(tmp_path, monkeypatch):
@@ -115,7 +121,7 @@ def test_dry_run_on_a_fresh_copy_shows_every_kernel_job(tmp_path):
     lists the kernel jobs (2 targets x 1 scenario x their candidates)."""
     work = copy_workflow(tmp_path)
     out = snakemake(work, "-n")
-    assert (work / "results/inputs/llm.yaml").is_file()
+    assert _manifest_file(work).is_file()
     counts = dict(line.split()[:2] for line in out.stdout.splitlines() if line.startswith(("kernel_bench ", "total ")))
     assert int(counts["kernel_bench"]) == 4, out.stdout  # rms_norm x2, silu_and_mul x2 candidates
     (work / "small.yaml").write_text(
@@ -285,3 +291,25 @@ def test_manifest_holds_only_the_selected_operators(tmp_path, monkeypatch):
     assert targets({**base, "categories": ["norm"]}) == (norms, "generated")
     assert targets({**base, "targets": ["rms_norm"], "categories": ["activation"]}) == (set(), "generated")
     assert targets(base)[0] == set(operators.CATALOG)
+
+
+def test_another_selection_never_rewrites_a_running_selections_manifest(tmp_path, monkeypatch):
+    """Snakemake parses (and computes the manifest) before its lock refuses a second
+    invocation: each selection has its own manifest file, so the second invocation's
+    parse leaves the first's manifest (which its merge and MLflow run use) as it was."""
+    from kb_nano import workflow
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "w").mkdir()
+    work = copy_workflow(tmp_path / "w")
+    base = {"models": ["llama32-1b"], "tp": [1], "num_tokens": [1], "dtype": "auto"}
+    first, second = {**base, "targets": ["rms_norm"]}, {**base, "targets": ["silu_and_mul"]}
+    assert workflow.manifest_path(first) != workflow.manifest_path(second)
+    assert workflow.manifest_path(first) == workflow.manifest_path({**first, "num_warmup": 3})  # only the selection
+    workflow.manifest(work, first, Path(workflow.manifest_path(first)))
+    kept = (work / workflow.manifest_path(first)).read_bytes()
+    workflow.manifest(work, second, Path(workflow.manifest_path(second)))
+    assert (work / workflow.manifest_path(first)).read_bytes() == kept
+    assert {
+        s["target"] for s in workflow.manifest(work, second, Path(workflow.manifest_path(second)))[0]["scenarios"]
+    } == {"silu_and_mul"}

@@ -1,4 +1,5 @@
-"""The scenario manifest (``results/inputs/llm.yaml``): operator × model × TP × num_tokens.
+"""The scenario manifest: operator × model × TP × num_tokens, one file per selection
+(``results/inputs/llm-<selection>.yaml``, :func:`kb_nano.workflow.manifest_path`).
 
 Generated from the configured models by :func:`generate`; written byte-identically for
 the same inputs by :func:`write`, in JSON syntax (valid YAML) with one scenario per line,

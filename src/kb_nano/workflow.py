@@ -184,24 +184,46 @@ def manifest_code_files() -> list[str]:
     return [str(PACKAGE_DIR / f) for f in dict.fromkeys((*MANIFEST_MODULES, *ops))]
 
 
-def manifest(root: Path, config: dict, path: Path) -> tuple[dict, bool]:
-    """The scenario manifest of ``config`` at parse time (:func:`kb_nano.manifest.cached`),
-    of the operators ``targets`` and ``categories`` select (all when neither is set):
-    read from ``path`` when its inputs (models, tp, num_tokens, dtype, context_lens, the
-    selected operators, the models' config.json files, the operators' shape code) are unchanged, else copied from
-    the user cache or regenerated. Returns ``(manifest, how)``: ``how`` None (read from
-    ``path``), ``"cache"`` or ``"generated"``. Raises ``KbNanoError``."""
-    from kb_nano.manifest import cached
-
+def manifest_params(config: dict) -> dict:
+    """The manifest's generation parameters from ``config``: ``models``, ``tp``,
+    ``num_tokens``, ``dtype``, ``context_lens`` and, when ``targets`` or ``categories``
+    narrow the run, ``targets`` (the operators selected, in catalog order: a sweep of two
+    cheap operators need not import transformers' model classes, as the shape rules of
+    ``decoder_layer`` and ``model`` do)."""
     params = {k: config.get(k) for k in ("models", "tp", "num_tokens", "dtype", "context_lens")}
-    # only the selected operators' scenarios: a sweep of two cheap operators need not import
-    # transformers' model classes (the decoder_layer and model operators' shape rules do)
     if config.get("targets") or config.get("categories"):
         params["targets"] = [
             n for n in operators.names() if _wanted({"target": n, "category": operators.CATALOG[n].category}, config)
         ]
+    return params
+
+
+def manifest_path(config: dict) -> str:
+    """Where the manifest of ``config``'s selection lives, relative to the workflow root:
+    ``results/inputs/llm-<12 hex digits>.yaml``, named by the SHA-256 of
+    :func:`manifest_params`. One file per selection, so an invocation with another
+    selection (one Snakemake's lock then refuses, which parses first) never rewrites the
+    manifest a running invocation merges and logs; a changed config.json or shape rule
+    rewrites the same file (:func:`manifest`)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(manifest_params(config), sort_keys=True).encode()).hexdigest()
+    return f"results/inputs/llm-{digest[:12]}.yaml"
+
+
+def manifest(root: Path, config: dict, path: Path) -> tuple[dict, bool]:
+    """The scenario manifest of ``config`` at parse time (:func:`kb_nano.manifest.cached`)
+    at ``path`` (:func:`manifest_path`), of the operators ``targets`` and ``categories``
+    select (all when neither is set): read from ``path`` when its inputs (the
+    :func:`manifest_params`, the models' config.json files, the operators' shape code)
+    are unchanged, else copied from the user cache or regenerated. Returns ``(manifest,
+    how)``: ``how`` None (read from ``path``), ``"cache"`` or ``"generated"``. Raises
+    ``KbNanoError``."""
+    from kb_nano.manifest import cached
+
     files = [root / f for f in model_config_files(root, config)] + [Path(f) for f in manifest_code_files()]
-    return cached(root / path, root, params, files)
+    return cached(root / path, root, manifest_params(config), files)
 
 
 def missing_shard_candidates(jobs: list) -> list[tuple[str, str]]:

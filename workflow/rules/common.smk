@@ -11,11 +11,13 @@ from kb_nano.kernels import job as kernel_job
 from kb_nano import workflow as kbw
 from kb_nano.errors import KbNanoError
 
-MANIFEST = "results/inputs/llm.yaml"
 ENV = "../../envs/kb_nano.yaml"
 
 try:
     kbw.check_config(config)
+    MANIFEST = kbw.manifest_path(
+        config
+    )  # one file per selection (targets, models, tp, ...)
     CANDIDATES = kbw.candidates(Path("."), config)
 except KbNanoError as exc:
     raise WorkflowError(f"kb-nano: {exc}") from None

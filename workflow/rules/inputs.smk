@@ -1,4 +1,4 @@
-# The scenario manifest (results/inputs/llm.yaml), computed at parse time: regenerated
+# The scenario manifest (results/inputs/llm-<selection>.yaml), computed at parse time: regenerated
 # only when its inputs (models, tp, num_tokens, dtype, context_lens, the config.json files,
 # the operators' shape code, the transformers version) changed, otherwise read back (JSON
 # syntax, < 1 s for 10,000 scenarios), or copied from the user cache when another working

@@ -191,7 +191,7 @@ def _check_output_json(root: Path, output_json: str, tier: str = "kernels", conf
         for t, c in (("kernels", config), ("e2e", (config or {}).get("e2e")), ("eval", (config or {}).get("eval")))
         if t != tier
     }
-    reserved = {root / f"results/{t}.parquet" for t in ("kernels", "e2e", "eval")} | {root / "results/inputs/llm.yaml"}
+    reserved = {root / f"results/{t}.parquet" for t in ("kernels", "e2e", "eval")}
     reserved |= {root / o for o in others.values() if o}
     reserved |= {root / f"results/{t}.json" for t in ("kernels", "e2e", "eval") if t != tier}
     owned = ("mlflow", "inputs", "golden", "kernels", "e2e", "eval", "logs", "plots", "mlflow-artifacts", ".locks")

@@ -126,11 +126,13 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
 
 
 def cmd_generate_inputs(args, passthrough: list[str]) -> int:
-    """``kb_nano generate-inputs``: write results/inputs/llm.yaml and summarise it."""
+    """``kb_nano generate-inputs``: write the selection's manifest
+    (``results/inputs/llm-<selection>.yaml``, :func:`kb_nano.workflow.manifest_path`) and
+    summarise it."""
     root = find_workflow_root()
     base = base_config(root, args.configfile)
     config = config_overrides(args, root, base)
-    preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
     # The Snakefile computes the manifest while parsing (workflow/rules/inputs.smk): a quiet
     # dry run of the kernel sweep parses it and builds nothing.
     args.dry_run, dry_run = True, args.dry_run
@@ -140,13 +142,11 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
         return code
     from kb_nano.manifest import load
 
-    manifest = load(root / "results/inputs/llm.yaml")
+    path = root / kbw.manifest_path(effective)
+    manifest = load(path)
     scenarios = manifest["scenarios"]
     na = [s for s in scenarios if not s["applicable"]]
-    print(
-        f"{root / 'results/inputs/llm.yaml'}: {len(scenarios)} scenarios for {', '.join(manifest['models'])}; "
-        f"{len(na)} not applicable"
-    )
+    print(f"{path}: {len(scenarios)} scenarios for {', '.join(manifest['models'])}; {len(na)} not applicable")
     for s in na:
         print(f"  n/a {s['scenario_id']}: {s['reason']}")
     return 0

@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.set_defaults(func=cmd_kernels)
 
-    g = sub.add_parser("generate-inputs", help="write the scenario manifest results/inputs/llm.yaml")
+    g = sub.add_parser("generate-inputs", help="write the scenario manifest results/inputs/llm-<selection>.yaml")
     _common(g)
     g.set_defaults(func=cmd_generate_inputs)
 
@@ -289,6 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# where each command's finished work lies after a Ctrl-C (commands that write none say only "interrupted")
+INTERRUPT_KEEPS = {
+    "kernels": "results/kernels/",
+    "capture-golden": "results/golden/",
+    "e2e": "results/e2e/",
+    "eval": "results/eval/",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kb_nano`` console script. Returns the exit status; user
     errors print ``error: <one line>`` and return 2."""
@@ -301,5 +310,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; finished shards are kept under results/kernels/", file=sys.stderr)
+        kept = INTERRUPT_KEEPS.get(args.command)
+        print("interrupted" + (f"; finished shards are kept under {kept}" if kept else ""), file=sys.stderr)
         return 130

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -153,7 +154,9 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
             f"can read and delete runs",
             file=sys.stderr,
         )
-    proc = subprocess.Popen(cmd)
+    # its own process group: a Ctrl-C reaches kb_nano alone, which stops the server with
+    # SIGTERM (the server's own SIGINT handling prints KeyboardInterrupt tracebacks)
+    proc = subprocess.Popen(cmd, process_group=0, preexec_fn=_terminate_when_parent_dies)
 
     def stop(signum, frame):
         raise KeyboardInterrupt  # SIGTERM: stop the server too (see finally)
@@ -182,10 +185,21 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        # the whole group: `mlflow ui` runs its server (uvicorn) as a child process
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _terminate_when_parent_dies() -> None:
+    """In the ``mlflow ui`` child, before exec: SIGTERM when kb_nano dies, even by SIGKILL
+    (``PR_SET_PDEATHSIG``): the server never outlives the command that started it."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
