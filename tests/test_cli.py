@@ -283,3 +283,68 @@ def test_ctrl_c_names_where_that_commands_finished_work_is(monkeypatch, capsys, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("interrupted")
     assert (kept in err) if kept else ("kept" not in err)
+
+
+@pytest.mark.slow
+def test_sigint_to_the_workers_alone_ends_their_job_and_the_run(tmp_path):
+    """SIGINT that reaches the measurement workers but not Snakemake (`pkill -INT` from a
+    script, a sweep under nohup whose workers share a terminal's group): the job they served
+    fails as interrupted (no row: the next run redoes it) and Snakemake ends the run, or,
+    when only the candidate's worker got it, the job ends with a ``crashed`` row; either
+    way nothing hangs and no process is left behind. (An engine that ran candidates inside Snakemake's job lost the
+    interruption and froze the run.)"""
+    import contextlib
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    work = copy_workflow(tmp_path)
+    argv = ["kernels", "--target", "embedding", "--model", "llama31-8b", "qwen3-8b", "--tp", "1", "4"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kb_nano.cli", *argv, "--num-tokens", "1", "64"],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "KB_NANO_ROOT": str(work)},
+        start_new_session=True,
+    )
+    try:
+
+        def workers() -> list:
+            """The measurement workers: forked by the workers' fork server, which the judge
+            started, which the judge's fork server forked (four generations of fork-server
+            command lines; the workers' fork server itself has three)."""
+            found = []
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error, AttributeError):
+                    chain = [p, p.parent(), p.parent().parent(), p.parent().parent().parent()]
+                    if all("forkserver" in " ".join(q.cmdline()) for q in chain):
+                        found.append(p)
+            return found
+
+        deadline = time.monotonic() + 120
+        while not (list((work / "results/logs/kernels").rglob("*.log")) and workers()):
+            assert time.monotonic() < deadline, "no kernel job with workers started"
+            time.sleep(0.2)
+        time.sleep(1)  # the rest of the job's workers
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        hit = workers()
+        for p in hit:
+            os.kill(p.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=240)
+        # the baseline's worker interrupted: the job fails without a row (Snakemake ends the
+        # run); only the candidate's: its death is the candidate's row, the run goes on
+        if proc.returncode == 1:
+            assert "interrupted (SIGINT); no row, the next run redoes this job" in out
+            assert "the Snakemake workflow failed" in out
+        else:
+            assert proc.returncode == 0 and "the candidate worker died of SIGINT" in out, out
+        time.sleep(1)
+        assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

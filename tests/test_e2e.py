@@ -76,21 +76,49 @@ def test_workload_errors_are_one_line():
 # ----------------------------------------------------------------------------- planning
 
 
-def test_default_candidate_set_is_swappable_and_runs_on_cpu():
-    cands = e2e_plan.candidate_set(REPO, [], "cpu", [TINY])
-    ids = [c.id for c in cands]
-    # gelu_and_mul/inplace is swappable but Llama has no GeGLU; Triton ones need CUDA.
-    assert ids == [
-        "fused_add_rms_norm/fp32_sum",
-        "rms_norm/torch_fused",
-        "rotary_embedding/rotate_half",
+def _tier1(work: Path, rows: list[dict]) -> None:
+    """Write ``rows`` as the workflow's merged Tier-1 results."""
+    from kb_nano.schema import to_table
+
+    (work / "results").mkdir(exist_ok=True)
+    write_table(to_table(rows), work / "results/kernels.parquet")
+
+
+def test_default_candidate_set_is_the_fastest_that_passed_tier1(tmp_path):
+    """Without --candidates the variant swaps in, per target vLLM can swap and the model
+    uses, the candidate that passed Tier 1 fastest on the device: a new candidate file
+    changes nothing until Tier 1 measured it, and a candidate that failed there (an
+    import_error, one incorrect row) is never picked, however fast its other rows."""
+    from tracking_helpers import row
+
+    work = copy_workflow(tmp_path)
+    assert e2e_plan.candidate_set(work, [], "cpu", [TINY]) == []  # no Tier-1 results yet
+    assert "run `kb_nano kernels` first" in e2e_plan.describe_choice(work, "cpu", [], [TINY])
+    (work / "candidates/rms_norm/zz_copy.py").write_bytes((work / "candidates/rms_norm/torch_fused.py").read_bytes())
+    rows = [
+        row("rms_norm", "torch_fused", speedup=1.5),
+        row("rms_norm", "torch_fused", n=64, speedup=1.2),
+        row("rms_norm", "triton_rowwise", speedup=9.0, device="cuda"),  # another device
+        row("silu_and_mul", "inplace", speedup=0.9),  # slower than the baseline, but the only one that passed
+        row("fused_add_rms_norm", "fp32_sum", speedup=2.0),
+        row("fused_add_rms_norm", "fp32_sum", n=64, status="incorrect"),
+        row("rotary_embedding", "rotate_half", status="import_error"),
+        row("gelu_and_mul", "inplace", speedup=1.1),  # Llama has no GeGLU
+    ]
+    _tier1(work, rows)
+    cands = e2e_plan.candidate_set(work, [], "cpu", [TINY])
+    assert [c.id for c in cands] == ["rms_norm/torch_fused", "silu_and_mul/inplace"]
+    assert all(swappable(c.target)[0] for c in cands)
+    line = e2e_plan.describe_choice(work, "cpu", cands, [TINY])
+    assert "rms_norm/torch_fused (1.34x over 2 rows)" in line and "silu_and_mul/inplace (0.9x over 1 rows)" in line
+    assert "gelu_and_mul/inplace" in [c.id for c in e2e_plan.candidate_set(work, [], "cpu", ["gemma2-2b"])]
+    _tier1(work, [*rows, row("rms_norm", "zz_copy", speedup=1.8)])  # Tier 1 measured the new file: faster
+    assert [c.id for c in e2e_plan.candidate_set(work, [], "cpu", [TINY])] == [
+        "rms_norm/zz_copy",
         "silu_and_mul/inplace",
     ]
-    assert "gelu_and_mul/inplace" in [c.id for c in e2e_plan.candidate_set(REPO, [], "cpu", ["gemma2-2b"])]
-    assert all(swappable(c.target)[0] for c in cands)
-    assert "rms_norm/triton_rowwise" not in ids  # CUDA only
     name = e2e_plan.variant_name(cands)
-    assert [c.id for c in e2e_plan.variant_candidates(name, REPO)] == ids
+    assert [c.id for c in e2e_plan.variant_candidates(name, work)] == [c.id for c in cands]
 
 
 def test_unswappable_candidate_is_refused_with_the_reason():

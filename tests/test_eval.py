@@ -61,7 +61,27 @@ def test_tp_skip_reasons(tp, pool, device, heads, kv, needle):
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    return copy_workflow(tmp_path_factory.mktemp("eval"))
+    """A workflow copy with Tier-1 results on both devices (the default candidate set is
+    the fastest per target that passed Tier 1)."""
+    from tracking_helpers import row
+
+    from kb_nano.schema import to_table, write_table
+
+    work = copy_workflow(tmp_path_factory.mktemp("eval"))
+    rows = [
+        row(t, c, device=d)
+        for d in ("cpu", "cuda")
+        for t, c in (("rms_norm", "torch_fused"), ("silu_and_mul", "inplace"))
+    ]
+    (work / "results").mkdir(exist_ok=True)
+    write_table(to_table(rows), work / "results/kernels.parquet")
+    return work
+
+
+def test_without_tier1_results_eval_names_what_to_run_first(tmp_path):
+    out = kb_nano(copy_workflow(tmp_path), "eval", "--dry-run", "--device", "cpu")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "passed Tier 1 on cpu in results/kernels.parquet: run `kb_nano kernels` first" in out.stderr
 
 
 def _job_count(out) -> int:

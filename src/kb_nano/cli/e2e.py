@@ -54,6 +54,9 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
     for spec in e2e["models"]:
         e2e_plan.model(spec, root, e2e.get("load_format", "auto"))
     e2e_plan.variants(root, config, device)
+    if not e2e.get("candidates") and not e2e["baseline_only"]:
+        chosen = e2e_plan.candidate_set(root, [], device, e2e["models"])
+        print(e2e_plan.describe_choice(root, device, chosen, e2e["models"]) + ("" if chosen else "; the baseline only"))
     return e2e
 
 
@@ -96,6 +99,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
     """``kb_nano eval``: the standardized Tier-3 sweep (fixed workloads x model x TP x
     {baseline, candidates}, kb_nano.eval.plan) through Snakemake; prints the per-workload
     candidate/baseline ratios with their spread."""
+    from kb_nano.e2e import plan as e2e_plan
     from kb_nano.e2e.vllm_cli import vllm_version
     from kb_nano.eval import plan as eval_plan
     from kb_nano.tracking import marker_path
@@ -129,6 +133,8 @@ def cmd_eval(args, passthrough: list[str]) -> int:
         )
     for key, tp, why in plan["skipped"]:
         print(f"skip {key} tp={tp}: {why}", file=sys.stderr)
+    if not ev.get("candidates"):
+        print(e2e_plan.describe_choice(root, plan["device"], plan["candidates"], plan["model_specs"]))
     # On GPUs the pool bounds concurrency (--resources gpu=N) and the ids jobs lease
     # (run_snakemake); a dry run only plans, so it needs no GPU of that count here.
     args.gpu_pool = int(ev["gpu_pool"]) if plan["device"] == "cuda" and not args.dry_run else None

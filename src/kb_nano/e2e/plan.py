@@ -6,7 +6,9 @@ candidate) or a candidate set, named by its ids joined with ``+`` (``/`` -> ``.`
 candidate reruns exactly the variants that contain it (its file is an input of those
 jobs only). ``e2e.candidates`` empty = every candidate that can run inside vLLM on the
 device (:func:`kb_nano.e2e.vllm_plugin.swappable`, ``supported_devices``) and whose target a
-configured model uses, one per target (the first by id when a target has several).
+configured model uses, one per target: the one that passed Tier 1 fastest
+(:func:`tier1_choice`), so adding a candidate file changes nothing until Tier 1 has
+measured it, and a candidate that failed there is never swapped in.
 """
 
 from __future__ import annotations
@@ -110,21 +112,72 @@ def used_targets(root: Path, model_specs: list[str]) -> set[str]:
     return used
 
 
+TIER1_RESULTS = Path("results/kernels.parquet")  # the latest merged Tier-1 rows
+
+
+def tier1_choice(root: Path, device: str, model_specs: list[str] | None = None) -> dict[str, dict]:
+    """Per target, the candidate Tier 1 found fastest among those that passed it, from the
+    latest merged Tier-1 results (:data:`TIER1_RESULTS`, as ``kb_nano kernels`` last
+    wrote them) on ``device`` (``cpu`` | ``cuda``): ``{target: {"id", "geomean", "rows"}}``.
+
+    A candidate qualifies when every row it has on that device is ``passed`` or
+    ``skipped`` and at least one is ``passed``; its score is the geometric mean of
+    ``speedup`` over its passed rows of ``model_specs`` (all its passed rows when it has
+    none of those models: Tier 2 often runs a smaller model than Tier 1); ties go to the
+    first id. Empty when the file is missing or unreadable."""
+    from kb_nano.merge import geomean
+
+    path = Path(root) / TIER1_RESULTS
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path, columns=["candidate", "target", "model", "device", "status", "speedup"]).to_pylist()
+    except (OSError, ValueError, KeyError):  # missing, unreadable, or without those columns
+        return {}
+    keys = {resolve(spec, root).key for spec in model_specs or []}
+    mine = [r for r in rows if str(r["device"] or "").split(":")[0] == device]
+    by_cand: dict[str, list[dict]] = {}
+    for r in mine:
+        by_cand.setdefault(r["candidate"], []).append(r)
+    best: dict[str, dict] = {}
+    for cid, rs in sorted(by_cand.items()):
+        passed = [r for r in rs if r["status"] == "passed" and r["speedup"]]
+        if not passed or any(r["status"] not in ("passed", "skipped") for r in rs):
+            continue
+        scored = [r for r in passed if r["model"] in keys] or passed
+        score = geomean(r["speedup"] for r in scored)
+        target = rs[0]["target"]
+        if score is not None and (target not in best or score > best[target]["geomean"]):
+            best[target] = {"id": cid, "geomean": score, "rows": len(scored)}
+    return best
+
+
+def describe_choice(root: Path, device: str, cands: list[CandidateRef], model_specs: list[str] | None) -> str:
+    """One line saying which candidates the default candidate variant swaps in and why."""
+    choice = tier1_choice(root, device, model_specs)
+    if not cands:
+        return (
+            f"no candidate that vLLM can run passed Tier 1 on {device} in {TIER1_RESULTS}: run `kb_nano kernels` "
+            "first, or name them with --candidates"
+        )
+    parts = [f"{c.id} ({choice[c.target]['geomean']:.3g}x over {choice[c.target]['rows']} rows)" for c in cands]
+    return f"candidates: the fastest per target that passed Tier 1 on {device} ({TIER1_RESULTS}): " + ", ".join(parts)
+
+
 def candidate_set(
     root: Path, requested: list[str], device: str, model_specs: list[str] | None = None
 ) -> list[CandidateRef]:
-    """The candidates of the non-baseline variant: ``requested`` ids/prefixes, or all
-    applicable (one per target, and with ``model_specs`` only targets those models use).
-    Raises ``KbNanoError`` for an id that matches nothing, a candidate that cannot be
-    swapped into vLLM (with the reason), or two of one target."""
+    """The candidates of the non-baseline variant: ``requested`` ids/prefixes, or by
+    default, per target that vLLM can swap and (with ``model_specs``) those models use,
+    the candidate that passed Tier 1 fastest (:func:`tier1_choice`; none without Tier-1
+    results). Raises ``KbNanoError`` for an id that matches nothing, a candidate that
+    cannot be swapped into vLLM (with the reason), or two of one target."""
     ok, skipped = applicable(root, device)
     if not requested:
         used = used_targets(root, model_specs) if model_specs else None
-        chosen: dict[str, CandidateRef] = {}
-        for c in ok:
-            if used is None or c.target in used:
-                chosen.setdefault(c.target, c)
-        return sorted(chosen.values(), key=lambda c: c.id)
+        choice = tier1_choice(root, device, model_specs)
+        chosen = [c for c in ok if choice.get(c.target, {}).get("id") == c.id and (used is None or c.target in used)]
+        return sorted(chosen, key=lambda c: c.id)
     found = discover(root)
     reasons = {c.id: why for c, why in skipped}
     out: list[CandidateRef] = []

@@ -136,8 +136,9 @@ def device(config: dict) -> str:
 
 
 def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
-    """The candidate variant's candidates: ``eval.candidates`` (or every candidate vLLM can
-    run on ``dev``, one per target the models use), narrowed to ``eval.categories``.
+    """The candidate variant's candidates: ``eval.candidates`` (or, per target the models
+    use, the one that passed Tier 1 fastest: :func:`kb_nano.e2e.plan.tier1_choice`),
+    narrowed to ``eval.categories``.
     Raises ``KbNanoError`` when nothing is left or a category is unknown."""
     from kb_nano import operators
     from kb_nano.e2e.plan import candidate_set
@@ -151,6 +152,10 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
             raise KbNanoError(f"eval.categories: unknown category {cat!r}; known: {', '.join(sorted(known))}")
     if cats:
         cands = [c for c in cands if operators.CATALOG[c.target].category in cats]
+    if not cands and not ev.get("candidates"):
+        from kb_nano.e2e.plan import describe_choice
+
+        raise KbNanoError(f"eval: {describe_choice(root, dev, [], model_specs)}")
     if not cands:
         raise KbNanoError(
             "eval: no candidate that vLLM can run matches the models, --candidates and --category; "
@@ -170,6 +175,10 @@ def default_models(root: Path, config: dict, dev: str) -> list[str]:
     if ev.get("smoke"):
         return [SMOKE_MODEL]
     targets = {c.target for c in candidate_set(root, ev.get("candidates") or [], dev)}  # raises for unknown ids
+    if not targets and not ev.get("candidates"):
+        from kb_nano.e2e.plan import describe_choice
+
+        raise KbNanoError(f"eval: {describe_choice(root, dev, [], None)}")
     chosen = [spec for spec in config["models"] if targets & used_targets(root, [spec])]
     if not chosen:
         raise KbNanoError("eval: none of the configured models uses a target of the candidates; pass --model")
@@ -179,6 +188,7 @@ def default_models(root: Path, config: dict, dev: str) -> list[str]:
 def plan(root: Path, config: dict) -> dict:
     """The eval sweep of ``config['eval']``: ``device``, ``models`` (key -> E2EModel),
     ``workloads`` (name -> Workload), ``variants`` (``baseline`` + the candidate set),
+    ``candidates`` (that set), ``model_specs`` (the models as configured),
     ``tps`` (model key -> the TPs that run) and ``skipped`` (``[model key, tp, reason]``).
     Raises ``KbNanoError`` for bad settings."""
     from kb_nano.e2e.plan import BASELINE, model, variant_name
@@ -208,6 +218,8 @@ def plan(root: Path, config: dict) -> dict:
         "models": models,
         "workloads": {w.name: w for w in works},
         "variants": [BASELINE, variant_name(cands)],
+        "candidates": cands,
+        "model_specs": specs,
         "tps": tps,
         "skipped": skipped,
         "max_model_len": max_model_len(works),
