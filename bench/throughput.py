@@ -161,9 +161,13 @@ def bare_loop(root: Path, rows: list[dict]) -> tuple[float, list[dict]]:
     from kb_nano import candidates, manifest, operators
     from kb_nano.operators.base import DTYPES, make_tensor
 
-    # the fresh copy holds one manifest: the selection's (kb_nano.workflow.manifest_path)
-    (path,) = (root / "results" / "inputs").glob("llm-*.yaml")
-    scenarios = {s["scenario_id"]: s for s in manifest.load(path)["scenarios"]}
+    # every selection's manifest (kb_nano.workflow.manifest_path; a --reuse directory may hold
+    # several), the newest last: a scenario id means the same scenario in each
+    scenarios = {
+        s["scenario_id"]: s
+        for path in sorted((root / "results" / "inputs").glob("llm-*.yaml"), key=lambda f: f.stat().st_mtime)
+        for s in manifest.load(path)["scenarios"]
+    }
     pairs = []
     with torch.inference_mode():
         for row in rows:

@@ -122,7 +122,9 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
 def test_generate_inputs_reports_not_applicable_tp(work):
     out = kb_nano(work, "generate-inputs", "--model", "qwen25-7b", "--tp", "8", "--num-tokens", "1")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "n/a rotary_embedding__qwen25-7b__tp8__n1: tp=8 does not divide num_attention_heads=28" in out.stdout
+    why = "the model cannot be deployed at tp=8 (vLLM): tp=8 does not divide num_attention_heads=28"
+    assert f"n/a rotary_embedding__qwen25-7b__tp8__n1: {why}" in out.stdout
+    assert f"n/a rms_norm__qwen25-7b__tp8__n1: {why}" in out.stdout  # unsharded, but no such deployment
 
 
 @pytest.mark.parametrize(

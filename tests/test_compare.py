@@ -171,3 +171,18 @@ def test_all_zero_reference_relative_error():
 def test_integer_outputs():
     check(compare(T([1, 2, 3]), T([1, 2, 3]), 0.0, 0.0), "passed")
     check(compare(T([1, 2, 3]), T([1, 2, 4]), 0.5, 0.0), "incorrect")
+
+
+def test_non_finite_values_keep_their_meaning():
+    """One device read per comparison does not change what NaN/Inf mean: a baseline Inf
+    opposite a finite candidate value is not counted (``inf > inf`` is false), NaN/Inf in
+    both at the same places count as equal, an overflowing difference stays infinite."""
+    import math
+
+    t = torch.tensor
+    assert compare(t([math.inf, 1.0]), t([5.0, 1.0]), 1e-2, 1e-2)[0] == "passed"
+    assert compare(t([math.nan, 1.0]), t([math.nan, 1.0]), 1e-2, 1e-2)[0] == "passed"
+    assert compare(t([1.0, 1.0]), t([math.nan, 1.0]), 1e-2, 1e-2)[0] == "nonfinite"
+    status, _, max_abs, _ = compare(t([3e38], dtype=torch.bfloat16), t([-3e38], dtype=torch.bfloat16), 1e-2, 1e-2)
+    assert status == "incorrect" and max_abs == math.inf
+    assert compare(t([1 + 1j]), t([1 + 2j]), 1e-2, 1e-2)[0] == "incorrect"  # the imaginary part counts

@@ -77,9 +77,13 @@ def test_workload_errors_are_one_line():
 
 
 def _tier1(work: Path, rows: list[dict]) -> None:
-    """Write ``rows`` as the workflow's merged Tier-1 results."""
+    """Write ``rows`` as the workflow's merged Tier-1 results, each measured with its
+    candidate file as it is now (``candidate_sha256``)."""
+    from kb_nano.candidates import file_sha256
     from kb_nano.schema import to_table
 
+    for r in rows:
+        r["candidate_sha256"] = file_sha256(work / "candidates" / f"{r['candidate']}.py")
     (work / "results").mkdir(exist_ok=True)
     write_table(to_table(rows), work / "results/kernels.parquet")
 
@@ -113,12 +117,16 @@ def test_default_candidate_set_is_the_fastest_that_passed_tier1(tmp_path):
     assert "rms_norm/torch_fused (1.34x over 2 rows)" in line and "silu_and_mul/inplace (0.9x over 1 rows)" in line
     assert "gelu_and_mul/inplace" in [c.id for c in e2e_plan.candidate_set(work, [], "cpu", ["gemma2-2b"])]
     _tier1(work, [*rows, row("rms_norm", "zz_copy", speedup=1.8)])  # Tier 1 measured the new file: faster
-    assert [c.id for c in e2e_plan.candidate_set(work, [], "cpu", [TINY])] == [
-        "rms_norm/zz_copy",
-        "silu_and_mul/inplace",
-    ]
+    ids = [c.id for c in e2e_plan.candidate_set(work, [], "cpu", [TINY])]
+    assert ids == ["rms_norm/zz_copy", "silu_and_mul/inplace"]
+    # the file edited since: its rows are stale, the runner-up is swapped in
+    (work / "candidates/rms_norm/zz_copy.py").write_text((work / "candidates/rms_norm/zz_copy.py").read_text() + "#\n")
+    ids = [c.id for c in e2e_plan.candidate_set(work, [], "cpu", [TINY])]
+    assert ids == ["rms_norm/torch_fused", "silu_and_mul/inplace"]
     name = e2e_plan.variant_name(cands)
     assert [c.id for c in e2e_plan.variant_candidates(name, work)] == [c.id for c in cands]
+    (work / "candidates/rms_norm/torch_fused.py").unlink()  # no candidate of rms_norm has current rows now
+    assert [c.id for c in e2e_plan.candidate_set(work, [], "cpu", [TINY])] == ["silu_and_mul/inplace"]
 
 
 def test_unswappable_candidate_is_refused_with_the_reason():

@@ -65,6 +65,7 @@ def work(tmp_path_factory):
     the fastest per target that passed Tier 1)."""
     from tracking_helpers import row
 
+    from kb_nano.candidates import file_sha256
     from kb_nano.schema import to_table, write_table
 
     work = copy_workflow(tmp_path_factory.mktemp("eval"))
@@ -73,6 +74,8 @@ def work(tmp_path_factory):
         for d in ("cpu", "cuda")
         for t, c in (("rms_norm", "torch_fused"), ("silu_and_mul", "inplace"))
     ]
+    for r in rows:  # measured with the files as they are
+        r["candidate_sha256"] = file_sha256(work / "candidates" / f"{r['candidate']}.py")
     (work / "results").mkdir(exist_ok=True)
     write_table(to_table(rows), work / "results/kernels.parquet")
     return work
@@ -81,7 +84,7 @@ def work(tmp_path_factory):
 def test_without_tier1_results_eval_names_what_to_run_first(tmp_path):
     out = kb_nano(copy_workflow(tmp_path), "eval", "--dry-run", "--device", "cpu")
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert "passed Tier 1 on cpu in results/kernels.parquet: run `kb_nano kernels` first" in out.stderr
+    assert "passed Tier 1 on cpu in results/kernels.parquet (with its current file): run `kb_nano kernels` first" in out.stderr
 
 
 def _job_count(out) -> int:

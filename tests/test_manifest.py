@@ -283,3 +283,17 @@ def test_floats_and_strings_survive_json_and_yaml_readers():
     text = dumps(m)
     assert json.loads(text) == m
     assert yaml.safe_load(text) == m
+
+
+def test_a_tp_the_model_cannot_be_deployed_at_makes_every_scenario_not_applicable():
+    """Llama-3.1-8B has 32 attention heads: vLLM cannot run it at TP 3, so even the
+    unsharded operators (rms_norm) are not applicable there, with the reason; TP 16 is
+    deployable (KV heads replicated), and so is rms_norm at TP 16."""
+    m = generate(["llama31-8b"], [3, 16], [1], "auto", ROOT, targets=["rms_norm", "attention"])
+    by_id = {s["scenario_id"]: s for s in m["scenarios"]}
+    tp3 = [s for s in m["scenarios"] if s["tp"] == 3]
+    assert tp3 and all(not s["applicable"] for s in tp3)
+    assert all(
+        "cannot be deployed at tp=3 (vLLM): tp=3 does not divide num_attention_heads=32" in s["reason"] for s in tp3
+    )
+    assert by_id["rms_norm__llama31-8b__tp16__n1"]["applicable"]

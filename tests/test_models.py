@@ -314,3 +314,16 @@ def test_facts_config_without_rms_norm_eps(tmp_path):
     with pytest.raises(KbNanoError) as exc:
         model_facts(load_config(ref, ROOT), ref)
     assert "is missing" in one_line_error(exc)
+
+
+def test_a_mistyped_target_or_model_gets_a_suggestion():
+    """Unknown names say which known one is closest (``difflib``), and nothing when none is."""
+    from kb_nano import operators
+
+    with pytest.raises(KbNanoError, match=r"unknown target 'silu_mul' \(did you mean 'silu_and_mul'\?\)"):
+        operators.check_target("silu_mul")
+    with pytest.raises(KbNanoError, match=r"unknown model 'lama31-8b' \(did you mean 'llama31-8b'\?\)"):
+        resolve("lama31-8b", ROOT)
+    with pytest.raises(KbNanoError) as exc:
+        resolve("zzz", ROOT)
+    assert "did you mean" not in str(exc.value)

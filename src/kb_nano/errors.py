@@ -8,3 +8,12 @@ class KbNanoError(Exception):
     the CLI prints it as ``error: <message>`` and exits with status 2, without a
     traceback.
     """
+
+
+def did_you_mean(name: str, known) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``known`` to a mistyped ``name``
+    (``difflib``'s ratio >= 0.6), else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -54,8 +54,9 @@ def generate(
     measurement uses unless the config sets a global one.
 
     ``dtype`` ``auto`` uses each model's ``torch_dtype``. A scenario whose TP does not
-    divide the sharded dimension (or whose operator the architecture does not use) is
-    kept with ``applicable: false`` and the ``reason``.
+    divide the sharded dimension, whose operator the architecture does not use, or whose
+    model cannot be deployed at that TP at all (:func:`_undeployable`) is kept with
+    ``applicable: false`` and the ``reason``.
     Raises ``KbNanoError`` for unknown models, unloadable configs, duplicate keys or a
     TP / token count listed twice (which would give duplicate scenario ids).
     """
@@ -85,6 +86,8 @@ def generate(
             "config_sha256": config_sha256(ref, root),
             **facts,
         }
+        deployable_reason = {tp: _undeployable(facts, tp) for tp in tps}
+        deployable = {tp for tp, why in deployable_reason.items() if why is None}
         for name in [n for n in operators.names() if targets is None or n in targets]:
             op = operators.get(name)
             atol, rtol = tolerance_for(op, model_dtype)
@@ -106,6 +109,8 @@ def generate(
                         "rtol": rtol,
                     }
                     try:
+                        if tp not in deployable:
+                            raise NotApplicable(deployable_reason[tp])
                         if not op.applies_to(op_facts):
                             raise NotApplicable(f"{facts['architecture']} does not use {name}")
                         args = op.init_args(op_facts, tp)
@@ -124,6 +129,22 @@ def generate(
                         )
                     manifest["scenarios"].append(entry)
     return manifest
+
+
+def _undeployable(facts: dict, tp: int) -> str | None:
+    """Why vLLM could not run the model at tensor-parallel degree ``tp``, or None: the
+    attention heads must split evenly over the ranks and the KV heads either split evenly
+    or be replicated a whole number of times (vLLM ``QKVParallelLinear``). Every
+    scenario of such a model x TP is not applicable, whatever its operator (an
+    unsharded rms_norm at that TP measures a deployment that cannot exist)."""
+    from kb_nano.operators.base import NotApplicable, kv_heads_per_rank, shard
+
+    try:
+        shard(int(facts["num_attention_heads"]), tp, "num_attention_heads")
+        kv_heads_per_rank(int(facts["num_key_value_heads"]), tp)
+    except NotApplicable as exc:
+        return f"the model cannot be deployed at tp={tp} (vLLM): {exc}"
+    return None
 
 
 def config_fields(ref, root: Path) -> dict:

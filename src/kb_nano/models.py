@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from kb_nano.errors import KbNanoError
+from kb_nano.errors import KbNanoError, did_you_mean
 
 MODELS_DIR = Path("config/models")
 INDEX_FILE = MODELS_DIR / "models.yaml"
@@ -92,7 +92,7 @@ def resolve(spec: str, root: Path) -> ModelRef:
     if vendored.is_file():
         return ModelRef(slug(spec.split("/")[-1]), spec, vendored.relative_to(root))
     raise KbNanoError(
-        f"unknown model {spec!r}: use a key from {INDEX_FILE} ({', '.join(sorted(index))}), "
+        f"unknown model {spec!r}{did_you_mean(spec, [*index, *by_hub])}: use a key from {INDEX_FILE} ({', '.join(sorted(index))}), "
         f"a Hub id vendored under {MODELS_DIR}/, or a path to a config.json or its directory"
     )
 

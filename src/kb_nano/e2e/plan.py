@@ -14,6 +14,7 @@ measured it, and a candidate that failed there is never swapped in.
 from __future__ import annotations
 
 import ast
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,38 +116,58 @@ def used_targets(root: Path, model_specs: list[str]) -> set[str]:
 TIER1_RESULTS = Path("results/kernels.parquet")  # the latest merged Tier-1 rows
 
 
-def tier1_choice(root: Path, device: str, model_specs: list[str] | None = None) -> dict[str, dict]:
+def tier1_choice(
+    root: Path, device: str, model_specs: list[str] | None = None, allowed: list[CandidateRef] | None = None
+) -> dict[str, dict]:
     """Per target, the candidate Tier 1 found fastest among those that passed it, from the
     latest merged Tier-1 results (:data:`TIER1_RESULTS`, as ``kb_nano kernels`` last
     wrote them) on ``device`` (``cpu`` | ``cuda``): ``{target: {"id", "geomean", "rows"}}``.
 
-    A candidate qualifies when every row it has on that device is ``passed`` or
-    ``skipped`` and at least one is ``passed``; its score is the geometric mean of
+    Ranked: the candidates of ``allowed`` (default: every candidate file), by the rows
+    measured with the file as it is now (``candidate_sha256``; rows of an edited file
+    are stale). A candidate qualifies when every such row on that device is ``passed``
+    or ``skipped`` and at least one is ``passed``; its score is the geometric mean of
     ``speedup`` over its passed rows of ``model_specs`` (all its passed rows when it has
     none of those models: Tier 2 often runs a smaller model than Tier 1); ties go to the
     first id. Empty when the file is missing or unreadable."""
+    import math
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kb_nano.candidates import file_sha256
     from kb_nano.merge import geomean
 
-    path = Path(root) / TIER1_RESULTS
+    columns = ["candidate", "candidate_sha256", "target", "model", "device", "status", "speedup"]
     try:
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(path, columns=["candidate", "target", "model", "device", "status", "speedup"]).to_pylist()
-    except (OSError, ValueError, KeyError):  # missing, unreadable, or without those columns
+        rows = pq.read_table(Path(root) / TIER1_RESULTS, columns=columns).to_pylist()
+    except (OSError, ValueError, KeyError, pa.ArrowException):  # missing, unreadable, or without those columns
         return {}
     keys = {resolve(spec, root).key for spec in model_specs or []}
-    mine = [r for r in rows if str(r["device"] or "").split(":")[0] == device]
+    current = {}
+    for c in discover(root) if allowed is None else allowed:
+        with contextlib.suppress(OSError):
+            current[c.id] = (c.target, file_sha256(Path(root) / c.path))
     by_cand: dict[str, list[dict]] = {}
-    for r in mine:
-        by_cand.setdefault(r["candidate"], []).append(r)
+    for r in rows:
+        cid = r["candidate"]
+        if cid in current and r["candidate_sha256"] == current[cid][1] and str(r["device"]).split(":")[0] == device:
+            by_cand.setdefault(cid, []).append(r)
     best: dict[str, dict] = {}
     for cid, rs in sorted(by_cand.items()):
-        passed = [r for r in rs if r["status"] == "passed" and r["speedup"]]
+        passed = [
+            r
+            for r in rs
+            if r["status"] == "passed"
+            and isinstance(r["speedup"], float)
+            and math.isfinite(r["speedup"])
+            and r["speedup"] > 0
+        ]
         if not passed or any(r["status"] not in ("passed", "skipped") for r in rs):
             continue
         scored = [r for r in passed if r["model"] in keys] or passed
         score = geomean(r["speedup"] for r in scored)
-        target = rs[0]["target"]
+        target = current[cid][0]
         if score is not None and (target not in best or score > best[target]["geomean"]):
             best[target] = {"id": cid, "geomean": score, "rows": len(scored)}
     return best
@@ -154,13 +175,18 @@ def tier1_choice(root: Path, device: str, model_specs: list[str] | None = None) 
 
 def describe_choice(root: Path, device: str, cands: list[CandidateRef], model_specs: list[str] | None) -> str:
     """One line saying which candidates the default candidate variant swaps in and why."""
-    choice = tier1_choice(root, device, model_specs)
     if not cands:
         return (
-            f"no candidate that vLLM can run passed Tier 1 on {device} in {TIER1_RESULTS}: run `kb_nano kernels` "
-            "first, or name them with --candidates"
+            f"no candidate that vLLM can run passed Tier 1 on {device} in {TIER1_RESULTS} (with its current "
+            "file): run `kb_nano kernels` first, or name them with --candidates"
         )
-    parts = [f"{c.id} ({choice[c.target]['geomean']:.3g}x over {choice[c.target]['rows']} rows)" for c in cands]
+    choice = tier1_choice(root, device, model_specs, cands)
+    parts = [
+        f"{c.id} ({choice[c.target]['geomean']:.3g}x over {choice[c.target]['rows']} rows)"
+        if c.target in choice
+        else c.id
+        for c in cands
+    ]
     return f"candidates: the fastest per target that passed Tier 1 on {device} ({TIER1_RESULTS}): " + ", ".join(parts)
 
 
@@ -175,9 +201,9 @@ def candidate_set(
     ok, skipped = applicable(root, device)
     if not requested:
         used = used_targets(root, model_specs) if model_specs else None
-        choice = tier1_choice(root, device, model_specs)
-        chosen = [c for c in ok if choice.get(c.target, {}).get("id") == c.id and (used is None or c.target in used)]
-        return sorted(chosen, key=lambda c: c.id)
+        pool = [c for c in ok if used is None or c.target in used]
+        choice = tier1_choice(root, device, model_specs, pool)
+        return sorted((c for c in pool if choice.get(c.target, {}).get("id") == c.id), key=lambda c: c.id)
     found = discover(root)
     reasons = {c.id: why for c, why in skipped}
     out: list[CandidateRef] = []

@@ -153,9 +153,10 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
     if cats:
         cands = [c for c in cands if operators.CATALOG[c.target].category in cats]
     if not cands and not ev.get("candidates"):
-        from kb_nano.e2e.plan import describe_choice
+        from kb_nano.e2e.plan import describe_choice, tier1_choice
 
-        raise KbNanoError(f"eval: {describe_choice(root, dev, [], model_specs)}")
+        if not tier1_choice(root, dev, model_specs):  # else the categories or the models left none
+            raise KbNanoError(f"eval: {describe_choice(root, dev, [], model_specs)}")
     if not cands:
         raise KbNanoError(
             "eval: no candidate that vLLM can run matches the models, --candidates and --category; "

@@ -97,15 +97,29 @@ def _stats(r: torch.Tensor, o: torch.Tensor, atol: float, rtol: float) -> torch.
 
 
 def _nonfinite(i: int, r: torch.Tensor, o: torch.Tensor, atol: float, rtol: float):
-    """Output ``i`` holds NaN/Inf: ``nonfinite`` (a 4-tuple like :func:`compare`'s) when the
-    candidate has them where the baseline is finite; else ``(max_abs, max_ref, n_bad)``
-    with the places both have them counted as equal."""
+    """Output ``i`` holds NaN/Inf (either side): ``nonfinite`` (a 4-tuple like
+    :func:`compare`'s) when the candidate has them where the baseline is finite; else
+    ``(max_abs, max_ref, n_bad)``, where, if the candidate has NaN/Inf (all where the
+    baseline has them too), those places count as equal (NaN -> 0, opposite infinities
+    -> float max); a non-finite baseline opposite finite candidate values is compared as
+    is (``inf > inf`` is false)."""
     rf, of = _wide(r, o)
-    bad = ~torch.isfinite(of) & torch.isfinite(rf)
-    if bool(bad.any()):
-        return "nonfinite", f"output {i}: {int(bad.sum())} NaN/Inf value(s) where the baseline is finite", None, None
-    diff = (of - rf).abs().nan_to_num_(0.0)  # equal infinities: NaN -> 0; opposite ones: inf -> float max
-    ref_abs = rf.abs().nan_to_num_(0.0)
+    finite_o = torch.isfinite(of)
+    all_finite = bool(finite_o.all())
+    if not all_finite:
+        bad = ~finite_o & torch.isfinite(rf)
+        if bool(bad.any()):
+            return (
+                "nonfinite",
+                f"output {i}: {int(bad.sum())} NaN/Inf value(s) where the baseline is finite",
+                None,
+                None,
+            )
+    diff = (of - rf).abs()
+    ref_abs = rf.abs()
+    if not all_finite:
+        diff.nan_to_num_(0.0)
+        ref_abs.nan_to_num_(0.0)
     return float(diff.max()), float(ref_abs.max()), int(diff.gt_(ref_abs.mul_(rtol).add_(atol)).sum())
 
 

@@ -20,7 +20,7 @@ def tree_pids(pid: int) -> list[int]:
         with contextlib.suppress(psutil.Error):
             return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
         return [pid]
-    out, i = [pid], 0
+    out, seen, i = [pid], {pid}, 0
     while i < len(out):
         parent, i = out[i], i + 1
         try:
@@ -30,7 +30,10 @@ def tree_pids(pid: int) -> list[int]:
         for tid in tids:
             with contextlib.suppress(OSError, ValueError):
                 with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    out += [int(c) for c in f.read().split() if int(c) not in out]
+                    for child in map(int, f.read().split()):
+                        if child not in seen:
+                            seen.add(child)
+                            out.append(child)
     return out
 
 
@@ -155,8 +158,13 @@ def wait_idle(cpu_s, limit_s: float, window_s: float) -> None:
 def kill_tree(pid: int) -> None:
     """SIGKILL a worker and every process it started (a candidate may spawn helpers),
     the deepest first (:func:`tree_pids`)."""
-    import signal
+    import psutil
 
-    for p in reversed(tree_pids(pid)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, signal.SIGKILL)
+    # psutil.Process records each one's start time, so a pid reused since the walk is not killed
+    procs = []
+    for p in tree_pids(pid):
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(p))
+    for proc in reversed(procs):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()

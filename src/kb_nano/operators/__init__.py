@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from kb_nano.errors import KbNanoError
+from kb_nano.errors import KbNanoError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,9 @@ def check_target(name: str, where: str = "target") -> CatalogEntry:
     try:
         return CATALOG[name]
     except KeyError:
-        raise KbNanoError(f"{where}: unknown target {name!r}; known: {', '.join(CATALOG)}") from None
+        raise KbNanoError(
+            f"{where}: unknown target {name!r}{did_you_mean(name, CATALOG)}; known: {', '.join(CATALOG)}"
+        ) from None
 
 
 def get(name: str):
