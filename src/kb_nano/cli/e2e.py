@@ -69,7 +69,7 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
     if vllm_version() is None:
         raise KbNanoError(
             "vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
-            "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)"
+            "pip uninstall -y torchvision torchaudio torchcodec (see docs/e2e.md)"
         )
     root = find_workflow_root()
     base = base_config(root, args.configfile)
@@ -129,7 +129,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
     if not args.dry_run and vllm_version() is None:
         raise KbNanoError(
             "vLLM is not installed; on a CPU: pip install -e '.[e2e]' and then "
-            "pip uninstall -y torchvision torchaudio torchcodec (see README, Tier 2)"
+            "pip uninstall -y torchvision torchaudio torchcodec (see docs/e2e.md)"
         )
     for key, tp, why in plan["skipped"]:
         print(f"skip {key} tp={tp}: {why}", file=sys.stderr)

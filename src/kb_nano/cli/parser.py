@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--atol",
         type=float,
         help="absolute tolerance for every operator (default: each operator's own, "
-        "e.g. 0.01 for bf16 pointwise ops; README: Operators)",
+        "e.g. 0.01 for bf16 pointwise ops; docs/kernels.md)",
     )
     k.add_argument(
         "--rtol",
@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--candidates",
             nargs="+",
             action="extend",
-            help="candidate ids or prefixes of the candidate variant (default: all that run inside vLLM)",
+            help="candidate ids or prefixes of the candidate variant (default: per target, the fastest that passed Tier 1)",
         )
         p.add_argument("--baseline", action="store_true", help="run only the baseline variant")
         p.add_argument("--timeout-s", type=float, help="seconds per job (default 900)")
@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="candidate",
         nargs="+",
         action="extend",
-        help="candidate ids (default: every candidate vLLM can run, one per target)",
+        help="candidate ids (default: per target, the fastest that passed Tier 1)",
     )
     v.add_argument("--num-prompts", type=int, help="prompts per throughput workload (default 1000)")
     v.add_argument("--gpu-pool", type=int, help="GPUs the sweep may use at once (default 8)")

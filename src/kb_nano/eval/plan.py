@@ -160,7 +160,7 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
     if not cands:
         raise KbNanoError(
             "eval: no candidate that vLLM can run matches the models, --candidates and --category; "
-            "see `kb_nano kernels --list` and the Tier 2 section of the README for swappable targets"
+            "docs/e2e.md lists the targets vLLM can swap"
         )
     return cands
 
