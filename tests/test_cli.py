@@ -125,6 +125,12 @@ def test_generate_inputs_reports_not_applicable_tp(work):
     why = "the model cannot be deployed at tp=8 (vLLM): tp=8 does not divide num_attention_heads=28"
     assert f"n/a rotary_embedding__qwen25-7b__tp8__n1: {why}" in out.stdout
     assert f"n/a rms_norm__qwen25-7b__tp8__n1: {why}" in out.stdout  # unsharded, but no such deployment
+    one = kb_nano(
+        work, "generate-inputs", "--model", "qwen25-7b", "--tp", "4", "--num-tokens", "1", "--target", "rms_norm"
+    )
+    assert one.returncode == 0 and ": 1 scenarios for qwen25-7b; 0 not applicable" in one.stdout, (
+        one.stdout + one.stderr
+    )
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate-inputs", help="write the scenario manifest results/inputs/llm-<selection>.yaml")
     _common(g)
+    g.add_argument("--target", nargs="+", action="extend", help="only these operators' scenarios, e.g. rms_norm")
+    g.add_argument("--category", nargs="+", action="extend", help="only these operator categories, e.g. norm")
     g.set_defaults(func=cmd_generate_inputs)
 
     c = sub.add_parser("capture-golden", help="capture real inputs of attention / fused_moe / sampler from a model run")
