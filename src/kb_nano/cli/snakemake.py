@@ -77,20 +77,13 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         # this process is interrupted (Ctrl-C, kill -INT or SIGTERM to it alone, SIGHUP)
         # and when it dies (PR_SET_PDEATHSIG), so its jobs stop, finished shards stay and
         # its lock is released however kb_nano was stopped.
-        proc = subprocess.Popen(cmd, cwd=root, env=env, process_group=0, preexec_fn=_interrupt_when_parent_dies)
+        proc = subprocess.Popen(cmd, cwd=root, env=env, process_group=0, preexec_fn=on_parent_death(signal.SIGINT))
         # SIGINT too: a kb_nano started with `&` from a script inherits SIGINT ignored
         previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             return proc.wait()
         except KeyboardInterrupt:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait()
+            stop_group(proc, signal.SIGINT, 60, signal.SIGTERM)
             raise
         finally:
             for sig, handler in previous.items():
@@ -101,15 +94,33 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _interrupt_when_parent_dies() -> None:
-    """In the Snakemake child, before exec: SIGINT when kb_nano dies, even by SIGKILL; and
-    SIGINT's default action back (a background job of a script starts with SIGINT ignored,
-    and Python then would not turn it into KeyboardInterrupt)."""
-    import ctypes
+def on_parent_death(sig: signal.Signals):
+    """A ``preexec_fn`` for a child kb_nano starts in a process group of its own: signal
+    ``sig`` reaches it when kb_nano dies, even by SIGKILL (``PR_SET_PDEATHSIG``), and
+    SIGINT's default action is back (a background job of a script starts with SIGINT
+    ignored, and Python then would not turn it into KeyboardInterrupt)."""
 
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+    def preexec() -> None:
+        import ctypes
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+def stop_group(proc: subprocess.Popen, first: signal.Signals, grace_s: float, then: signal.Signals) -> None:
+    """Stop the process group led by ``proc`` (started with ``process_group=0``): ``first``
+    to the whole group, and ``then`` if it has not ended after ``grace_s`` seconds; waits."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, first)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, then)
+        proc.wait()
 
 
 def print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> None:

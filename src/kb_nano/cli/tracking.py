@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from kb_nano import operators
 from kb_nano.cli.config import base_config
+from kb_nano.cli.snakemake import on_parent_death, stop_group
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
 
@@ -156,7 +156,7 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
         )
     # its own process group: a Ctrl-C reaches kb_nano alone, which stops the server with
     # SIGTERM (the server's own SIGINT handling prints KeyboardInterrupt tracebacks)
-    proc = subprocess.Popen(cmd, process_group=0, preexec_fn=_terminate_when_parent_dies)
+    proc = subprocess.Popen(cmd, process_group=0, preexec_fn=on_parent_death(signal.SIGTERM))
 
     def stop(signum, frame):
         raise KeyboardInterrupt  # SIGTERM: stop the server too (see finally)
@@ -185,21 +185,4 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-        # the whole group: `mlflow ui` runs its server (uvicorn) as a child process
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _terminate_when_parent_dies() -> None:
-    """In the ``mlflow ui`` child, before exec: SIGTERM when kb_nano dies, even by SIGKILL
-    (``PR_SET_PDEATHSIG``): the server never outlives the command that started it."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+        stop_group(proc, signal.SIGTERM, 15, signal.SIGKILL)  # the group: `mlflow ui` runs uvicorn as a child
