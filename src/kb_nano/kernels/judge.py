@@ -36,8 +36,8 @@ from kb_nano.kernels import blocks, timing
 from kb_nano.kernels.checks import same_bits
 from kb_nano.kernels.compare import compare, spec_mismatch, tolerance
 from kb_nano.kernels.inputs import Refresher, apply_edge_case, generator, make_inputs, param_seed
-from kb_nano.kernels.pool import Pool, WorkerHandle
-from kb_nano.kernels.procs import process_tampering, wait_idle
+from kb_nano.kernels.pool import LIVE_WORKERS, Pool, WorkerHandle
+from kb_nano.kernels.procs import kill_tree, process_tampering, strays, wait_idle
 from kb_nano.kernels.shm import SharedTensors
 from kb_nano.kernels.verdict import Verdict, ask
 from kb_nano.operators.base import DTYPES
@@ -359,10 +359,20 @@ class Measurement:
 
     def check_scheduling(self) -> None:
         """``tampered`` when :func:`kb_nano.kernels.procs.process_tampering` finds the
-        baseline worker's scheduling or limits changed, or the candidate's priority raised."""
+        baseline worker's scheduling or limits changed, or the candidate's priority raised,
+        or a process runs beside the workers (:func:`kb_nano.kernels.procs.strays`)."""
         found = process_tampering(self.base.pid, self.cand.pid)
         if found:
             raise Verdict("tampered", found)
+        others = strays(self.cand.pid, LIVE_WORKERS)
+        for pid in others:  # no worker's: nothing else ends them
+            kill_tree(pid)
+        if others:
+            raise Verdict(
+                "tampered",
+                f"process(es) {', '.join(map(str, others[:3]))} run beside the workers, outside any worker's "
+                "process tree (clone with CLONE_PARENT): their CPU use would escape the judge's accounting",
+            )
 
     def more(self, s: dict, count: int) -> None:
         """``count`` more blocks (after a failed clock cross-check: jitter passes with more

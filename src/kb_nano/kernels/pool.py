@@ -69,6 +69,9 @@ class WorkerTimeout(Exception):
     """The worker did not answer before the scenario's deadline."""
 
 
+LIVE_WORKERS: set[int] = set()  # pids of this process's workers (the fork server starts nothing else)
+
+
 class WorkerHandle:
     """The judge's end of one worker. ``ready`` is the worker's first reply (its sandbox,
     thread count, and for a candidate the import's violation, if any)."""
@@ -82,6 +85,7 @@ class WorkerHandle:
         self.proc.start()
         child.close()
         self.pid = self.proc.pid
+        LIVE_WORKERS.add(self.pid)
         self.log_fd = log_fd
         self._ready: dict | None = None
         try:
@@ -178,6 +182,7 @@ class WorkerHandle:
     def close(self) -> None:
         """Kill the worker and its process tree."""
         kill_tree(self.pid)
+        LIVE_WORKERS.discard(self.pid)
         self.proc.join(5)
         self.conn.close()
 

@@ -37,6 +37,25 @@ def tree_pids(pid: int) -> list[int]:
     return out
 
 
+def strays(worker_pid: int, known: set[int]) -> list[int]:
+    """Children of ``worker_pid``'s parent (the workers' fork server) that are not in
+    ``known`` (the live workers): a candidate can start a process as its own sibling
+    (``clone(CLONE_PARENT)``), outside its tree and so outside :func:`tree_cpu_s`; the fork
+    server itself starts only workers. Empty when the parent cannot be read."""
+    try:
+        with open(f"/proc/{worker_pid}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return []
+    siblings = set()
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{parent}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    siblings.update(map(int, f.read().split()))
+    return sorted(siblings - set(known) - {worker_pid})
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds used so far by process ``pid`` and every process below it
     (:func:`tree_pids`), every thread summed, from ``/proc/<pid>/task/<tid>/schedstat``

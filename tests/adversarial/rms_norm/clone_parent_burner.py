@@ -1,0 +1,83 @@
+"""Hack (a breaker's, session 9): raw ``clone(CLONE_PARENT)`` children become siblings of
+the worker (children of its fork server), outside the worker's process tree, so the judge's
+CPU accounting while the baseline is timed did not see them; they burn CPU whenever this
+candidate is idle, slowing the baseline (0.330 ms vs 0.130 ms on the 2-core CPU). The judge
+now refuses any process beside the workers (``kb_nano.kernels.procs.strays``)."""
+
+import ctypes
+import mmap
+import os
+import struct
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EXPECTED = "tampered"
+
+_SHM = mmap.mmap(-1, 16)  # MAP_SHARED anonymous: [busy, last_end_ns]
+_STARTED = False
+CLONE_PARENT = 0x00008000
+SIGCHLD = 17
+SYS_CLONE = 56 if os.uname().machine == "x86_64" else 220
+
+
+def _burner(worker):
+    deadline = time.monotonic() + 120
+    x = 0
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except OSError:
+            break
+        busy, last = struct.unpack_from("qq", _SHM, 0)
+        if busy or time.monotonic_ns() - last < 3_000_000:
+            time.sleep(0.0005)
+            continue
+        t = time.monotonic_ns() + 2_000_000
+        while time.monotonic_ns() < t:
+            x += 1
+    os._exit(0)
+
+
+def _start(n=2):
+    libc = ctypes.PyDLL(None)  # keeps the GIL across the call
+    libc.syscall.restype = ctypes.c_long
+    worker = os.getpid()
+    for _ in range(n):
+        pid = libc.syscall(
+            ctypes.c_long(SYS_CLONE),
+            ctypes.c_long(CLONE_PARENT | SIGCHLD),
+            ctypes.c_long(0),
+            ctypes.c_long(0),
+            ctypes.c_long(0),
+            ctypes.c_long(0),
+        )
+        if pid == 0:
+            try:
+                ctypes.pythonapi.PyOS_AfterFork_Child()
+                _burner(worker)
+            finally:
+                os._exit(0)
+
+
+class CloneParentRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.variance_epsilon = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x, residual=None):
+        global _STARTED
+        if not _STARTED:
+            _STARTED = True
+            _start()
+        struct.pack_into("q", _SHM, 0, 1)
+        if residual is not None:
+            x = (x.float() + residual.float()).to(x.dtype)
+            residual = x
+        out = F.rms_norm(x, (self.hidden_size,), self.weight, self.variance_epsilon)
+        struct.pack_into("qq", _SHM, 0, 0, time.monotonic_ns())
+        return out if residual is None else (out, residual)
