@@ -85,7 +85,7 @@ def settings() -> dict:
         "golden": None,
         "cuda_graph": True,
         "speedup_basis": "auto",
-        "ci_target": 0.01,
+        "ci_target": 0.02,
         "max_timing_s": 1.0,
         "float32_matmul_precision": "highest",
         "memory_limit_gb": None,

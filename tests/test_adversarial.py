@@ -132,7 +132,7 @@ def mismatches(rows: dict[str, dict], device: str) -> list[str]:
             like = rows[want["EXPECTED_LIKE"]]
             if row["speedup_ci_low"] > 1.5 * like["speedup_ci_high"]:
                 bad.append(
-                    f"{cid}: speedup {row['speedup']:.2f} (95% CI from {row['speedup_ci_low']:.2f}) is unearned: "
+                    f"{cid}: speedup {row['speedup']:.2f} (95% rerun interval from {row['speedup_ci_low']:.2f}) is unearned: "
                     f"{want['EXPECTED_LIKE']}, the same computation, has {like['speedup']:.2f}"
                 )
     forged = {w["FORGED_SPEEDUP"] for w in corpus().values() if w["FORGED_SPEEDUP"]}

@@ -261,23 +261,45 @@ def cached(path: Path, root: Path, params: dict, files: list[Path]) -> tuple[dic
     written there atomically (and a generated one to the user cache too, best effort).
     The user cache is used only where Landlock confines candidates
     (:func:`kb_nano.kernels.sandbox.abi_version`), since it outlives the working directory.
-    Returns ``(manifest, how)``: ``how`` is None (read from ``path``), ``"cache"`` or
-    ``"generated"``. Raises ``KbNanoError`` as :func:`generate` does."""
+    Generation and the copy hold a lock (``.<name>.lock`` beside ``path``, :mod:`filelock`), so two
+    processes asking at once generate once. Returns ``(manifest, how)``: ``how`` is None
+    (read from ``path``), ``"cache"`` or ``"generated"``. Raises ``KbNanoError`` as
+    :func:`generate` does."""
+    from filelock import FileLock
+
     from kb_nano.kernels.sandbox import abi_version
 
     digest_now = inputs_digest(params, files, root)
-    # without Landlock a candidate could write the user cache, and every later directory would read it
-    shared = abi_version() > 0
-    for where, how in ((Path(path), None), *(((user_cache_path(digest_now), "cache"),) if shared else ())):
-        if where.is_file():
-            try:
-                data = load(where)
-            except KbNanoError:
-                data = None
-            if data is not None and data.get("inputs_digest") == digest_now:
-                if how is not None:
-                    write(data, Path(path))
-                return data, how
+    found = _read_current(Path(path), digest_now)
+    if found is not None:
+        return found, None
+    # One generator per manifest: `kb_nano kernels` starts generating while Snakemake starts,
+    # and the Snakefile's parse then waits here for the file instead of generating it twice.
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(Path(path).with_name(f".{Path(path).name}.lock")), thread_local=False):
+        return _cached_locked(Path(path), root, params, digest_now, abi_version() > 0)
+
+
+def _read_current(path: Path, digest_now: str) -> dict | None:
+    """The manifest at ``path`` when it records ``digest_now``, else None."""
+    if not path.is_file():
+        return None
+    try:
+        data = load(path)
+    except KbNanoError:
+        return None
+    return data if data.get("inputs_digest") == digest_now else None
+
+
+def _cached_locked(path: Path, root: Path, params: dict, digest_now: str, shared: bool) -> tuple[dict, str | None]:
+    """:func:`cached` under its lock. ``shared``: the user cache may be read and written
+    (without Landlock a candidate could write it, and every later directory would read it)."""
+    for where, how in ((path, None), *(((user_cache_path(digest_now), "cache"),) if shared else ())):
+        data = _read_current(where, digest_now)
+        if data is not None:
+            if how is not None:
+                write(data, path)
+            return data, how
     manifest = generate(
         models=list(params["models"]),
         tps=[int(t) for t in params["tp"]],
@@ -292,7 +314,7 @@ def cached(path: Path, root: Path, params: dict, files: list[Path]) -> tuple[dic
         "inputs_digest": digest_now,
         **{k: v for k, v in manifest.items() if k != "schema_version"},
     }
-    write(manifest, Path(path))
+    write(manifest, path)
     if shared:
         with contextlib.suppress(OSError):  # a read-only or full cache only costs the next directory the generation
             write(manifest, user_cache_path(digest_now))

@@ -75,12 +75,10 @@ KERNEL_SCHEMA = pa.schema(
         ("speedup", pa.float64()),
         ("baseline_ms_iqr", pa.float64()),
         ("candidate_ms_iqr", pa.float64()),
-        (
-            "speedup_ci_low",
-            pa.float64(),
-        ),  # paired bootstrap 95% interval of speedup (kb_nano.kernels.timing.speedup_ci)
+        # 95% interval a rerun's speedup falls in (kb_nano.kernels.timing.speedup_interval)
+        ("speedup_ci_low", pa.float64()),
         ("speedup_ci_high", pa.float64()),
-        ("significant", pa.bool_()),  # the interval excludes 1.0
+        ("significant", pa.bool_()),  # the interval excludes 1.0: a rerun lands on the same side of 1
         ("speedup_basis", pa.string()),  # the timer baseline_ms/candidate_ms/speedup come from: eager | kernel | graph
         ("num_blocks", pa.int32()),  # blocks timed (each: an ABAB pair per timer); the interval is over them
         ("stop_reason", pa.string()),  # fixed (CPU) | ci_target | max_timing_s

@@ -38,7 +38,7 @@ def _note(r: dict) -> str:
     ]
     notes = [f"REVIEW {r['review']}"] if r.get("review") else []
     if r.get("significant") is False:
-        notes.append("not significant: the 95% CI contains 1.0")
+        notes.append("not significant: the 95% rerun interval contains 1.0")
     if r.get("graph_speedup") is not None:
         notes.append(
             f"CUDA graph {r['baseline_graph_ms']:.4f} vs {r['candidate_graph_ms']:.4f} ms = {r['graph_speedup']:.2f}x"
@@ -62,7 +62,7 @@ def _ci(r: dict) -> str:
 def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
     """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline and
     candidate median ms ± IQR (ms), speedup (baseline median / candidate median), its
-    paired bootstrap 95% interval, and the error, or notes: a roofline "REVIEW" flag,
+    95% rerun interval (:func:`kb_nano.kernels.timing.speedup_interval`), and the error, or notes: a roofline "REVIEW" flag,
     "not significant" when the interval contains 1.0, CUDA-graph replay times when
     measured, "golden inputs" (captured tensors, see :mod:`kb_nano.golden`) and a "noisy"
     flag when an IQR exceeds 25% of its median."""
@@ -75,7 +75,7 @@ def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
         ("baseline ms ±IQR", "right"),
         ("candidate ms ±IQR", "right"),
         ("speedup", "right"),
-        ("95% CI", "right"),
+        ("rerun 95%", "right"),
         ("note", "left"),
     ):
         table.add_column(col, justify=justify, overflow="fold", no_wrap=col in ("scenario", "candidate"))
@@ -117,7 +117,7 @@ def print_kernels(rows: list[dict], summary: dict, console: Console | None = Non
         f"{summary['rows']} rows: {by_status}; pass rate {_num(rate * 100 if rate is not None else None, '.0f')}%"
         + (f"; geomean speedup over passed {_num(gm, '.3f')}x" if _num(gm, ".3f") != "-" else "; no row passed")
         + (
-            f"; {sig} of the passed significantly different from the baseline (95% CI excludes 1.0)"
+            f"; {sig} of the passed significantly different from the baseline (95% rerun interval excludes 1.0)"
             if sig is not None
             else ""
         )

@@ -237,7 +237,7 @@ def missing_shard_candidates(jobs: list) -> list[tuple[str, str]]:
     return list(out.values())
 
 
-CUDA_ONLY = {"cuda_graph": True, "speedup_basis": "auto", "ci_target": 0.01, "max_timing_s": 1.0}  # and their defaults
+CUDA_ONLY = {"cuda_graph": True, "speedup_basis": "auto", "ci_target": 0.02, "max_timing_s": 1.0}  # and their defaults
 
 
 def runs_on_cpu(config: dict) -> bool:
@@ -273,7 +273,7 @@ def settings(config: dict) -> dict:
         "timeout_s": float(config["timeout_s"]),
         "cuda_graph": bool(config.get("cuda_graph", True)),
         "speedup_basis": str(config.get("speedup_basis") or "auto"),
-        "ci_target": float(config.get("ci_target") or 0.01),
+        "ci_target": float(config.get("ci_target") or 0.02),
         "max_timing_s": float(config.get("max_timing_s") or 1.0),
         "float32_matmul_precision": str(config.get("float32_matmul_precision", "highest")),
         "memory_limit_gb": None if config.get("memory_limit_gb") is None else float(config["memory_limit_gb"]),

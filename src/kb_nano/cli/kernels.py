@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import threading
 from pathlib import Path
 
 from kb_nano import operators
@@ -107,6 +109,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
 
     marker = marker_path("kernels")
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    start_manifest(root, effective)
     code = run_snakemake(root, ["results/kernels.parquet", output_json, marker], config, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "kernels")
@@ -123,6 +126,30 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
         print(f"error: {len(failed)} row(s) neither passed nor skipped (--fail-on-error)", file=sys.stderr)
         return 1
     return 0
+
+
+def start_manifest(root: Path, effective: dict) -> threading.Thread:
+    """Bring the selection's manifest up to date in a background thread of this process
+    (:func:`kb_nano.workflow.manifest`) while Snakemake starts: generating one imports torch
+    and transformers (seconds), which then overlaps Snakemake's own start-up; the
+    Snakefile's parse waits for the file under the manifest's lock and reads it. A
+    failure here is left to that parse, which reports it."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            path = kbw.manifest_path(effective)
+            data, how = kbw.manifest(root, effective, Path(path))
+            if how is not None:
+                n_na = sum(not s["applicable"] for s in data["scenarios"])
+                source = " (from the user cache)" if how == "cache" else ""
+                print(
+                    f"kb-nano: wrote {path}{source}: {len(data['scenarios'])} scenarios ({n_na} not applicable)",
+                    file=sys.stderr,
+                )
+
+    thread = threading.Thread(target=run, name="kb_nano-manifest", daemon=True)
+    thread.start()
+    return thread
 
 
 def cmd_generate_inputs(args, passthrough: list[str]) -> int:

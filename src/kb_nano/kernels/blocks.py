@@ -5,8 +5,10 @@ per timer: on a CPU the eager timer only; on CUDA the eager timer, the CUPTI ker
 and one CUDA-graph replay per side. Each pair gives one mean call time (the batch total
 over its calls) per side per timer. The estimates are medians over blocks
 (:func:`estimate`), and the speedup's interval is Student's t over the blocks' ratios
-(:func:`kb_nano.kernels.timing.speedup_ci`), so it covers what changes between blocks
-(clocks, other work on the host, the allocator's state), not only call-to-call noise.
+(:func:`kb_nano.kernels.timing.speedup_interval`), so it covers what changes between blocks
+(clocks, other work on the host, the allocator's state), not only call-to-call noise; it is
+the range a rerun's speedup falls in (a prediction interval), not a confidence interval
+of the true speedup.
 
 Stopping (:func:`stop_reason`), after nvbench's noise-based stopping: on CUDA at least
 5 blocks, then stop when the interval's half-width is within ``ci_target``
@@ -28,6 +30,7 @@ import torch
 from kb_nano.kernels import timing
 
 MIN_BLOCKS = {"cpu": 10, "cuda": 5}
+CI_TARGET = 0.02  # default ci_target: the rerun interval's half-width, relative (about a 1.1% confidence interval)
 TIMERS = ("eager", "kernel", "graph")
 # NVML clock-event reasons that mean the SM clock was held down (nvml.h, nvmlClocksEventReason*):
 # software power cap, hardware slowdown, sync boost excluded (it follows another GPU), software
@@ -98,10 +101,10 @@ def stop_reason(s: dict, which: str, device: torch.device, settings: dict) -> st
     if device.type != "cuda":
         return "fixed"
     p = s[which]
-    lo, hi = timing.speedup_ci(p["block_base"], p["block_cand"])
     b, c = estimate(p)
     mid = b / max(c, 1e-12)
-    if (hi - lo) / 2 <= float(settings.get("ci_target") or 0.01) * mid:
+    lo, hi = timing.speedup_interval(p["block_base"], p["block_cand"], mid)
+    if (hi - lo) / 2 <= float(settings.get("ci_target") or CI_TARGET) * mid:
         return "ci_target"
     if time.monotonic() - s["started"] >= float(settings.get("max_timing_s") or 1.0):
         return "max_timing_s"

@@ -178,9 +178,7 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     p = s[which]
     b_med, c_med = estimate(p)
     b_iqr, c_iqr = timing.summarize(p["base"])[1], timing.summarize(p["cand"])[1]
-    lo, hi = timing.speedup_ci(p["block_base"], p["block_cand"])
-    if c_med > 0:  # the interval holds the reported ratio of medians
-        lo, hi = min(lo, b_med / c_med), max(hi, b_med / c_med)
+    lo, hi = timing.speedup_interval(p["block_base"], p["block_cand"], b_med / c_med) if c_med > 0 else (None, None)
     bound = roofline.bound_ms(m.scenario.get("bytes_moved"), m.scenario.get("flops"), peak)
     # a bound the baseline itself beats was measured wrong (peaks taken on a loaded host): no review
     # then, unless the peaks are the user's own (config `roofline:`)
@@ -201,7 +199,7 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
         candidate_ms_iqr=c_iqr,
         speedup_ci_low=lo,
         speedup_ci_high=hi,
-        significant=bool(lo > 1.0 or hi < 1.0),
+        significant=None if lo is None else bool(lo > 1.0 or hi < 1.0),
         l2_flush_bytes=timing.l2_flush_bytes(device),
         l2_flush=timing.L2Flush.mode if device.type == "cuda" else None,
         graph_calls=m.k if "graph" not in s["errors"] else None,

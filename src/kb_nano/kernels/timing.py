@@ -5,8 +5,8 @@ Method (docs/measurement.md has the full account):
 - Paired A/B in blocks (:mod:`kb_nano.kernels.judge`): the judge alternates a batch of
   calls of the baseline worker and a batch of the candidate worker (ABAB), call ``i`` of
   both batches on the same input values, so drift hits both sides alike. A block holds one
-  such pair per timer; the interval is over blocks (:func:`speedup_ci`), so it covers what
-  changes between blocks, not only between calls.
+  such pair per timer; the interval is over blocks (:func:`speedup_interval`), so it covers
+  what changes between blocks, not only between calls.
 - Fresh inputs: each call of a batch has its own input slot, and the judge writes
   never-seen values into every slot before every batch (untimed).
 - CPU, the eager timer (:func:`time_calls`): ``time.perf_counter_ns`` around each call.
@@ -19,8 +19,8 @@ Method (docs/measurement.md has the full account):
     input slot, K of them) captured in one CUDA graph; a replay's event time divided by K.
 - Statistics: per side the median over blocks of each block's mean call time
   (:func:`kb_nano.kernels.blocks.estimate`), the interquartile range of single calls; the
-  speedup is the ratio of the two, its 95% confidence interval Student's t over the
-  blocks (:func:`speedup_ci`).
+  speedup is the ratio of the two, its 95% interval the range a rerun's speedup falls in,
+  from Student's t over the blocks (:func:`speedup_interval`).
 
 The clock and statistics functions are bound when this module is imported, which a
 worker does before it imports any candidate, so a candidate that later replaces
@@ -230,23 +230,40 @@ def t975(df: int) -> float:
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
-def speedup_ci(baseline_blocks: list[float], candidate_blocks: list[float]) -> tuple[float, float]:
-    """95% confidence interval of the speedup from per-block medians (ms) of the two sides.
+def speedup_interval(
+    baseline_blocks: list[float], candidate_blocks: list[float], speedup: float
+) -> tuple[float, float]:
+    """95% interval for the speedup a rerun of the same measurement reports, around
+    ``speedup`` (the ratio of the two sides' medians over blocks, :func:`kb_nano.kernels.blocks.estimate`),
+    from the per-block mean call times (ms) of the two sides.
 
     Block ``b`` gives one ratio ``baseline_blocks[b] / candidate_blocks[b]`` (its two
     batches ran back to back, ABAB, so drift cancels within the pair); the blocks are the
-    independent replicates, and the interval is Student's t over the logs of their
-    ratios, ``exp(mean +- t_{0.975, n-1} * sd / sqrt(n))``: the batch-means method (Law &
-    Kelton, *Simulation Modeling and Analysis*, 5th ed., 2015, sec. 9.5.3), which with few
-    replicates is wider than a bootstrap would be, as it should. Raises ``ValueError`` with
-    fewer than two blocks or unpaired lists."""
+    independent replicates (the batch-means method: Law & Kelton, *Simulation Modeling and
+    Analysis*, 5th ed., 2015, sec. 9.5.3), ``s`` the standard deviation of the logs of
+    their ratios over ``n`` blocks. The interval is
+    ``speedup * exp(+- t_{0.975, n-1} * sqrt(pi / 2) * s * sqrt(2 / n))``:
+
+    - ``sqrt(2 / n)``: a prediction interval for the estimate of a future sample of ``n``
+      blocks, not a confidence interval for the true value: the rerun's estimate is as
+      noisy as this one, so their difference has ``sqrt(1/n + 1/n)`` times the blocks'
+      spread (Hahn, Meeker & Escobar, *Statistical Intervals*, 2nd ed., 2017, ch. 4);
+    - ``sqrt(pi / 2)``: the estimates are medians, whose sampling variance is ``pi / 2``
+      times the mean's for normal data (``pi s^2 / 2n``; Kendall & Stuart, *The Advanced
+      Theory of Statistics*, vol. 1); the spread of the ratio of the two sides' medians is
+      taken as that of the median of the paired ratios.
+
+    So a rerun's speedup falls inside with 95% probability when reruns vary as blocks do
+    (docs/measurement.md says what varies between runs and not between blocks). Raises
+    ``ValueError`` with fewer than two blocks or unpaired lists."""
     b = np.asarray(baseline_blocks, dtype=np.float64)
     c = np.asarray(candidate_blocks, dtype=np.float64)
     if len(b) != len(c) or len(b) < 2:
         raise ValueError(f"paired blocks needed (at least 2), got {len(b)} baseline and {len(c)} candidate")
     logs = np.log(np.maximum(b, 1e-12)) - np.log(np.maximum(c, 1e-12))
-    half = t975(len(logs) - 1) * float(np.std(logs, ddof=1)) / np.sqrt(len(logs))
-    mid = float(np.mean(logs))
+    n = len(logs)
+    half = t975(n - 1) * np.sqrt(np.pi / 2) * float(np.std(logs, ddof=1)) * np.sqrt(2 / n)
+    mid = float(np.log(max(speedup, 1e-12)))
     return float(np.exp(mid - half)), float(np.exp(mid + half))
 
 
