@@ -161,9 +161,9 @@ class Refresher:
     def _factor(self) -> float:
         return 0.75 + 0.5 * float(torch.rand((), generator=self.rng))
 
-    def __call__(self, n: int, start: int = 0) -> None:
-        """New values in slots ``start .. start+n-1``."""
-        for k in range(start, start + n):
+    def __call__(self, n: int) -> None:
+        """New values in slots ``0 .. n-1``."""
+        for k in range(n):
             if self.pools is not None:
                 for t, spec, pool in zip(self.slots, self.specs, self.pools):
                     size = t[k].numel()

@@ -171,9 +171,9 @@ class Measurement:
             self._fill_side(side, n, sync=False)
         self._sync()
 
-    def _fill_side(self, side: str, n: int, sync: bool = True, start: int = 0) -> None:
+    def _fill_side(self, side: str, n: int, sync: bool = True) -> None:
         for i, src in enumerate(self.src):
-            self.ins[side][i][start : start + n].copy_(src[start : start + n])
+            self.ins[side][i][:n].copy_(src[:n])
         if sync:
             self._sync()
 
@@ -313,11 +313,7 @@ class Measurement:
         mode = {"eager": "time", "kernel": "kernel", "graph": "graph"}[timer]
         p = s[timer]
         self.check_scheduling()
-        # CUDA: the eager and kernel batches use fewer calls than there are slots; block by block
-        # they move over the slots, so the blocks see different memory placements (a rerun's
-        # fresh allocations place the inputs elsewhere, and the interval is to cover that)
-        lo = (s["blocks"] * n) % (self.k - n + 1) if n < self.k else 0
-        self.refresh(n, lo)
+        self.refresh(n)
         replays = 1
         # replays for GRAPH_BATCH_MS of device time; one if the op writes its inputs (no reference for a 2nd)
         if timer == "graph" and p["block_base"] and not self.op.mutable_inputs:
@@ -326,12 +322,12 @@ class Measurement:
         # costs (caches the judge's writes left warm, the other side's tail) falls on both
         replies = {}
         for side in ("base", "cand") if len(p["block_base"]) % 2 == 0 else ("cand", "base"):
-            self._fill_side(side, n, start=lo)  # each side's copy right before its batch: nothing to work on before
+            self._fill_side(side, n)  # each side's copy right before its batch: nothing to work on before
             if side == "cand":
-                replies[side] = self.batch(self.cand, lo, lo + n, mode, replays)
+                replies[side] = self.batch(self.cand, 0, n, mode, replays)
                 continue
             cpu0 = self.cand.cpu_s()
-            replies[side] = self.batch(self.base, lo, lo + n, mode, replays)
+            replies[side] = self.batch(self.base, 0, n, mode, replays)
             idle, tb = self.cand.cpu_s() - cpu0, replies[side][1]
             if idle > IDLE_CPU_S + 0.1 * tb / 1e3:
                 raise Verdict(
@@ -346,7 +342,7 @@ class Measurement:
                     raise Verdict("tampered", f"kernel timer: {reply['kernel_error']}")
                 s["errors"]["kernel"] = f"{'baseline' if side == 'base' else 'candidate'}: {reply['kernel_error']}"
                 return
-        self._check_slots(slice(lo, lo + n), f"in the timed calls ({timer} timer)")
+        self._check_slots(slice(0, n), f"in the timed calls ({timer} timer)")
         for side, reply, judge_ms in (("base", rb, tb), ("cand", rc, tc)):
             times = [float(t) for t in reply["times_ms"]][:n]
             if len(times) != n:
