@@ -12,7 +12,7 @@ Inputs, as ``bench/multi_gpu.sh`` writes them:
   them), ``planned_jobs`` (kernel jobs of the dry run), ``parquet`` (the sweep's merged
   rows, relative to the directory of runs.tsv) and ``complete`` (1 = merged by the
   workflow, 0 = the sweep was stopped and the shards written so far were concatenated).
-- the Parquet files: kernel rows (:data:`kb_nano.schema.KERNEL_SCHEMA`, version >= 3), of
+- the Parquet files: kernel rows (:data:`kb_nano.kernels.schema.KERNEL_SCHEMA`, version >= 3), of
   which this uses ``gpu_ids`` and ``started_at`` / ``ended_at`` (ISO 8601 UTC with
   microseconds, stamped by the job inside its device lease, see :mod:`kb_nano.kernels.judge_process`).
 - ``nvidia_smi.csv`` (optional): ``nvidia-smi --query-gpu=timestamp,index,utilization.gpu,

@@ -163,7 +163,7 @@ def test_expected_cuda_applies_on_cuda_only():
 
 
 def test_corpus_covers_every_anti_cheat_status():
-    from kb_nano.schema import STATUSES
+    from kb_nano.kernels.schema import STATUSES
 
     expected = {c["EXPECTED"] for c in corpus().values()}
     anti_cheat = set(STATUSES[STATUSES.index("tampered") :])

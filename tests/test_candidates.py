@@ -16,9 +16,9 @@ import torch  # noqa: E402
 from kb_nano.candidates import CandidateError, CandidateRef, discover, file_sha256, load_class  # noqa: E402
 from kb_nano.errors import KbNanoError  # noqa: E402
 from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
+from kb_nano.kernels.schema import COLUMNS, STATUSES  # noqa: E402
 from kb_nano.manifest import generate  # noqa: E402
 from kb_nano.operators.norms import RMSNorm  # noqa: E402
-from kb_nano.schema import COLUMNS, STATUSES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _POOL: dict = {}
@@ -636,8 +636,8 @@ def test_candidates_can_import_underscore_helpers(tmp_path, scenarios, settings)
 
 
 def test_merge_turns_an_unreadable_shard_into_a_crashed_row(tmp_path, scenarios):
-    from kb_nano.merge import merge
-    from kb_nano.schema import make_row, scenario_fields, write_rows
+    from kb_nano.kernels.merge import merge
+    from kb_nano.kernels.schema import make_row, scenario_fields, write_rows
 
     scenario = scenarios["rms_norm__llama32-1b__tp1__n4"]
     shard_dir = tmp_path / "results/kernels/rms_norm"
@@ -653,9 +653,9 @@ def test_merge_turns_an_unreadable_shard_into_a_crashed_row(tmp_path, scenarios)
 
 
 def test_merge_marks_shards_changed_after_the_judge_wrote_them(tmp_path, scenarios):
+    from kb_nano.kernels.merge import merge
+    from kb_nano.kernels.schema import make_row, read_signed, scenario_fields, write_rows
     from kb_nano.kernels.signing import key
-    from kb_nano.merge import merge
-    from kb_nano.schema import make_row, read_signed, scenario_fields, write_rows
 
     secret = key(tmp_path)
     assert (tmp_path / "results/.kb_nano/shard.key").stat().st_mode & 0o777 == 0o600 and key(tmp_path) == secret

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kb_nano.kernels.compare import compare
-from kb_nano.schema import STATUSES
+from kb_nano.kernels.schema import STATUSES
 
 T = torch.tensor
 

@@ -17,10 +17,11 @@ from workflow_helpers import REPO, copy_workflow, kb_nano
 
 from kb_nano.e2e import plan as e2e_plan
 from kb_nano.e2e import workloads
+from kb_nano.e2e.merge import merge_e2e
+from kb_nano.e2e.schema import E2E_COLUMNS, E2E_STATUSES, e2e_table, make_e2e_row
 from kb_nano.e2e.vllm_plugin import ENV_CALLS_DIR, ENV_CANDIDATES, swappable
 from kb_nano.errors import KbNanoError
-from kb_nano.merge import merge_e2e
-from kb_nano.schema import E2E_COLUMNS, E2E_STATUSES, e2e_table, make_e2e_row, write_table
+from kb_nano.rows import write_table
 
 HAVE_VLLM = __import__("importlib").util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM not installed (pip install -e '.[e2e]')")
@@ -80,7 +81,7 @@ def _tier1(work: Path, rows: list[dict]) -> None:
     """Write ``rows`` as the workflow's merged Tier-1 results, each measured with its
     candidate file as it is now (``candidate_sha256``)."""
     from kb_nano.candidates import file_sha256
-    from kb_nano.schema import to_table
+    from kb_nano.kernels.schema import to_table
 
     for r in rows:
         r["candidate_sha256"] = file_sha256(work / "candidates" / f"{r['candidate']}.py")

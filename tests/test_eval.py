@@ -66,7 +66,8 @@ def work(tmp_path_factory):
     from tracking_helpers import row
 
     from kb_nano.candidates import file_sha256
-    from kb_nano.schema import to_table, write_table
+    from kb_nano.kernels.schema import to_table
+    from kb_nano.rows import write_table
 
     work = copy_workflow(tmp_path_factory.mktemp("eval"))
     rows = [

@@ -17,7 +17,7 @@ from workflow_helpers import copy_workflow, kb_nano, snakemake
 
 from kb_nano import gpus
 from kb_nano.errors import KbNanoError
-from kb_nano.schema import SCHEMA_VERSION
+from kb_nano.kernels.schema import SCHEMA_VERSION
 
 HOLDER = """
 import json, sys, time

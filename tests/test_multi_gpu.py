@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from kb_nano.schema import SCHEMA_VERSION
+from kb_nano.kernels.schema import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {

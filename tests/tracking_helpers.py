@@ -15,8 +15,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kb_nano.merge import json_rows, summarize
-from kb_nano.schema import make_row, to_table, write_table
+from kb_nano.kernels.merge import summarize
+from kb_nano.kernels.schema import make_row, to_table
+from kb_nano.rows import json_rows, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

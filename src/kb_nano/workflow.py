@@ -36,6 +36,7 @@ HARNESS_MODULES = (
             "pool",
             "procs",
             "sandbox",
+            "schema",
             "shm",
             "signing",
             "timing",
@@ -45,7 +46,7 @@ HARNESS_MODULES = (
         )
     ),
     "candidates.py",
-    "schema.py",
+    "rows.py",
     "gpus.py",
     "operators/base.py",
 )

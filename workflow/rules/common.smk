@@ -111,8 +111,9 @@ E2E_HARNESS = [
         "e2e/vllm_plugin.py",
         "e2e/vllm_cli.py",
         "e2e/workloads.py",
+        "e2e/schema.py",
         "candidates.py",
-        "schema.py",
+        "rows.py",
     )
 ]
 

@@ -1,8 +1,8 @@
-"""Snakemake adapter: merge e2e/eval shards into results/{tier}.parquet and the JSON (kb_nano.merge.merge_e2e)."""
+"""Snakemake adapter: merge e2e/eval shards into results/{tier}.parquet and the JSON (kb_nano.e2e.merge.merge_e2e)."""
 
 from pathlib import Path
 
-from kb_nano.merge import merge_e2e
+from kb_nano.e2e.merge import merge_e2e
 
 tier = snakemake.params.tier
 rows = merge_e2e(

@@ -83,7 +83,7 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
         return workflow_failed(root, code, "e2e")
     if args.dry_run:
         return 0
-    from kb_nano.table import print_e2e
+    from kb_nano.e2e.table import print_e2e
 
     doc = json.loads((root / output_json).read_text())
     print_e2e(doc["rows"])
@@ -147,7 +147,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
         return workflow_failed(root, code, "eval")
     if args.dry_run:
         return 0
-    from kb_nano.table import print_eval
+    from kb_nano.eval.table import print_eval
 
     doc = json.loads((root / ev["output_json"]).read_text())
     print_eval(doc)

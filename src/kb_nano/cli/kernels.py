@@ -20,7 +20,7 @@ def cmd_list(args) -> int:
     """``kernels --list [--level N]``: the operator registry."""
     from rich.table import Table
 
-    from kb_nano.table import make_console
+    from kb_nano.console import make_console
 
     table = Table(title="kb-nano operators" + (f" (level {args.level})" if args.level else ""))
     for col in ("target", "level", "category", "baseline", "used in"):
@@ -45,10 +45,10 @@ def cmd_map(args, root: Path, base: dict) -> int:
     """``kernels --map``: each model's operators, derived from its config."""
     from rich.table import Table
 
+    from kb_nano.console import make_console
     from kb_nano.manifest import config_fields
     from kb_nano.models import load_config, model_facts, resolve
     from kb_nano.operators.base import NotApplicable
-    from kb_nano.table import make_console
 
     specs = select_models(args.model, base["models"], root) if args.model else base["models"]
     tps = args.tp or base["tp"]
@@ -115,7 +115,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
         return workflow_failed(root, code, "kernels")
     if args.dry_run:
         return 0
-    from kb_nano.table import print_kernels
+    from kb_nano.kernels.table import print_kernels
 
     doc = json.loads((root / output_json).read_text())
     print_kernels(doc["rows"], doc["summary"])

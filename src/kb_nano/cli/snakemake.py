@@ -29,7 +29,7 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
     cmd = [
         sys.executable,
         "-m",
-        "snakemake",
+        "kb_nano.cli.snakemake_main",  # Snakemake's CLI, quiet when interrupted while it starts
         *targets,
         "--snakefile",
         str(root / "Snakefile"),

@@ -45,7 +45,7 @@ def cmd_history(args, passthrough: list[str]) -> int:
 
 
 def _history(args, passthrough: list[str]) -> int:
-    from kb_nano.table import make_console
+    from kb_nano.console import make_console
     from kb_nano.tracking import history
 
     if passthrough:

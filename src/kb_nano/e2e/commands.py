@@ -10,8 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kb_nano.e2e.schema import PERCENTILES, SERVE_METRICS
 from kb_nano.e2e.workloads import Workload, bench_args
-from kb_nano.schema import PERCENTILES, SERVE_METRICS
 
 VLLM = [sys.executable, "-m", "kb_nano.e2e.vllm_cli"]
 

@@ -11,7 +11,7 @@ session of its own; afterwards (finished, failed, timed out or interrupted) the 
 process group is killed (the server's too), so no server, engine core or worker process
 outlives the job.
 
-Status of the row (:data:`kb_nano.schema.E2E_STATUSES`): ``ok`` when vLLM wrote its JSON;
+Status of the row (:data:`kb_nano.e2e.schema.E2E_STATUSES`): ``ok`` when vLLM wrote its JSON;
 ``candidate_error`` when the plugin recorded a candidate failure; ``timeout``; ``crashed``
 when the benchmark died by a signal; ``engine_error`` otherwise. Every failed row names
 the log. Torch-free.
@@ -33,10 +33,11 @@ from pathlib import Path
 import kb_nano
 from kb_nano import gpus
 from kb_nano.e2e.commands import bench_command, free_port, serve_commands, wait_healthy
+from kb_nano.e2e.schema import PERCENTILES, SERVE_METRICS, e2e_table, make_e2e_row
 from kb_nano.e2e.workloads import Workload
 from kb_nano.files import atomic_write_text
 from kb_nano.provenance import git_sha, package_version
-from kb_nano.schema import PERCENTILES, SERVE_METRICS, e2e_table, make_e2e_row, write_table
+from kb_nano.rows import write_table
 
 _OUTPUT_TOKENS_RE = re.compile(r"Total num output tokens:\s+(\d+)")
 _ERROR_LINE_RE = re.compile(r"(Error|Exception|error:)")

@@ -136,7 +136,7 @@ def tier1_choice(
     import pyarrow.parquet as pq
 
     from kb_nano.candidates import file_sha256
-    from kb_nano.merge import geomean
+    from kb_nano.rows import geomean
 
     columns = ["candidate", "candidate_sha256", "target", "model", "device", "status", "speedup"]
     try:

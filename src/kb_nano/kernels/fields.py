@@ -1,5 +1,5 @@
 """The device a measurement runs on, and the row fields known before it runs
-(see :mod:`kb_nano.schema`)."""
+(see :mod:`kb_nano.kernels.schema`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 import kb_nano
 from kb_nano.kernels.compare import tolerance
+from kb_nano.kernels.schema import scenario_fields
 from kb_nano.provenance import git_sha, package_version
-from kb_nano.schema import scenario_fields
 
 
 def resolve_device(name: str) -> torch.device:
@@ -39,7 +39,7 @@ def device_name(device: torch.device) -> str:
 def row_fields(
     scenario: dict, candidate_id: str, candidate_path: Path, settings: dict, root: Path, device: torch.device, seed: int
 ) -> dict:
-    """The row fields known before measuring (see :mod:`kb_nano.schema`)."""
+    """The row fields known before measuring (see :mod:`kb_nano.kernels.schema`)."""
     from kb_nano.candidates import file_sha256
 
     atol, rtol = tolerance(scenario, settings)

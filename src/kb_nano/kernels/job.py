@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kb_nano.candidates import file_sha256
 from kb_nano.kernels import signing
-from kb_nano.schema import make_row, scenario_fields, write_rows
+from kb_nano.kernels.schema import make_row, scenario_fields, write_rows
 
 JUDGE_GRACE_S = 180.0  # beyond timeout_s: the judge's own work (worker starts, roofline, shard)
 _CONTEXT: multiprocessing.context.BaseContext | None = None
@@ -54,6 +54,7 @@ def judge_context() -> multiprocessing.context.BaseContext:
             preload = ["kb_nano.kernels.judge_process"]
             if "snakemake.cli" in sys.modules:
                 preload.insert(0, "snakemake.cli")
+            preload.insert(0, "kb_nano.kernels.quiet_start")  # a Ctrl-C while the server imports: no traceback
             ctx.set_forkserver_preload(preload)
             _CONTEXT = ctx
         return _CONTEXT

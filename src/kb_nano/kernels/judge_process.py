@@ -103,7 +103,7 @@ def _one(req: dict, pools: dict, gpu_ids: str | None, warm: list) -> str:
     from kb_nano.kernels import signing
     from kb_nano.kernels.fields import resolve_device
     from kb_nano.kernels.measure import measure
-    from kb_nano.schema import write_rows
+    from kb_nano.kernels.schema import write_rows
 
     root = Path(req["root"])
     settings = req["settings"]

@@ -26,9 +26,9 @@ from kb_nano.kernels.fields import device_name, resolve_device, row_fields
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
 from kb_nano.kernels.judge import HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
+from kb_nano.kernels.schema import make_row
 from kb_nano.kernels.verdict import WORKER_VERDICTS, Verdict
 from kb_nano.operators.base import DTYPES
-from kb_nano.schema import make_row
 
 CROSS_CHECK_RETRIES = 2  # rounds of more batches when the clock cross-check fails (jitter passes, hidden work stays)
 

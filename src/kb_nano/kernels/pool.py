@@ -245,7 +245,7 @@ def worker_context():
     if _CONTEXT is None:
         ctx = multiprocessing.get_context("forkserver")
         # (the judge replaced its __main__: workers import no Snakemake script, see judge_process.serve)
-        ctx.set_forkserver_preload(["kb_nano.kernels.worker_process"])
+        ctx.set_forkserver_preload(["kb_nano.kernels.quiet_start", "kb_nano.kernels.worker_process"])
         _CONTEXT = ctx
     return _CONTEXT
 

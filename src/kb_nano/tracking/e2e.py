@@ -22,7 +22,7 @@ def e2e_metrics(rows: list[dict]) -> dict[str, float]:
     ``avg_latency_ms``, ``p50_latency_ms``, ``p99_latency_ms`` (latency) and ``speedup``,
     plus ``geomean_speedup/<variant>`` over the variant's ok rows (``+`` in a variant
     name is a space in metric names: MLflow does not allow ``+``)."""
-    from kb_nano.merge import geomean
+    from kb_nano.rows import geomean
 
     ok = [r for r in rows if r["status"] == "ok"]
     m: dict[str, float | None] = {

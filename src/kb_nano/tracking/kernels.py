@@ -26,7 +26,7 @@ def kernel_metrics(rows: list[dict]) -> dict[str, float]:
     ``pass_rate/candidate/<id>``, ``significant`` (passed rows whose speedup 95%
     interval excludes 1.0) and ``review`` (rows flagged as implausible).
     """
-    from kb_nano.merge import geomean
+    from kb_nano.rows import geomean
 
     def block(rs):
         run = [r for r in rs if r["status"] != "skipped"]

@@ -56,7 +56,7 @@ def _shard_names(folder: Path) -> list[str]:
 
 def _forge(root: Path, name: str, shard: str, key) -> str:
     try:
-        from kb_nano.schema import make_row, write_rows
+        from kb_nano.kernels.schema import make_row, write_rows
 
         folder = root / "results" / "kernels" / TARGET / name
         folder.mkdir(parents=True, exist_ok=True)

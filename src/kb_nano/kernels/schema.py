@@ -23,9 +23,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kb_nano.files import atomic_path
+from kb_nano.rows import full_row, write_table
 
 SCHEMA_VERSION = 5  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline, started_at/ended_at; 4: judge and workers (OS seed, sandbox, signed shards); 5: three GPU timers, speedup_basis, blocks, SM clock
+
 
 STATUSES = (
     "passed",
@@ -45,6 +46,7 @@ STATUSES = (
     "input_mutated",
     "unsynced_work",
 )
+
 
 KERNEL_SCHEMA = pa.schema(
     [
@@ -129,6 +131,8 @@ KERNEL_SCHEMA = pa.schema(
         ("wall_s", pa.float64()),
     ]
 )
+
+
 COLUMNS = KERNEL_SCHEMA.names
 
 
@@ -154,23 +158,9 @@ def scenario_fields(scenario: dict) -> dict:
     }
 
 
-def _full_row(tier: str, columns: list[str], statuses: tuple, version: int, fields: dict) -> dict:
-    """Every column of a tier's schema present (None where unknown). Raises ``KeyError``
-    for a field that is not a column and ``ValueError`` for an unknown status."""
-    unknown = set(fields) - set(columns)
-    if unknown:
-        raise KeyError(f"not {tier}-row columns: {sorted(unknown)}")
-    if fields.get("status") not in statuses:
-        raise ValueError(f"unknown {tier} status {fields.get('status')!r}")
-    row = dict.fromkeys(columns)
-    row.update(fields)
-    row["schema_version"] = row["schema_version"] or version
-    return row
-
-
 def make_row(**fields) -> dict:
     """A full kernel row (:data:`KERNEL_SCHEMA`; see :func:`_full_row`)."""
-    return _full_row("kernel", COLUMNS, STATUSES, SCHEMA_VERSION, fields)
+    return full_row("kernel", COLUMNS, STATUSES, SCHEMA_VERSION, fields)
 
 
 def to_table(rows: list[dict]) -> pa.Table:
@@ -190,12 +180,6 @@ def write_rows(rows: list[dict], path: Path, secret: bytes | None = None) -> Non
     write_table(table, path)
 
 
-def write_table(table: pa.Table, path: Path) -> None:
-    """Write an Arrow table to Parquet atomically."""
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-
-
 def read_signed(path: Path) -> tuple[list[dict], str | None]:
     """A shard's rows as stored and its signature (None when unsigned)."""
     from kb_nano.kernels.signing import METADATA_KEY
@@ -211,110 +195,3 @@ def read_rows(paths: list[Path]) -> pa.Table:
     an older shard are null, extra columns are dropped."""
     rows = [row for p in paths for row in pq.read_table(p).to_pylist()]
     return pa.Table.from_pylist(rows, schema=KERNEL_SCHEMA)
-
-
-# ----------------------------------------------------------------------------- Tier 2 (e2e)
-
-E2E_SCHEMA_VERSION = 1
-
-E2E_STATUSES = (
-    "ok",  # vLLM's benchmark finished and wrote its JSON
-    "engine_error",  # vLLM failed (e.g. the engine did not start) and no candidate reported an error
-    "candidate_error",  # a candidate failed to import, construct or run inside the engine
-    "timeout",  # the job ran past e2e.timeout_s; every process of the job was killed
-    "crashed",  # the benchmark process was killed by a signal (e.g. out of memory)
-    "skipped",  # not run (eval: a TP above the device pool or not dividing the heads); error = why
-)
-
-E2E_SCHEMA = pa.schema(
-    [
-        ("schema_version", pa.int32()),
-        ("model", pa.string()),
-        ("hub_id", pa.string()),
-        ("model_path", pa.string()),
-        ("weights", pa.string()),  # "random (--load-format dummy)" or the weights directory
-        ("load_format", pa.string()),
-        ("tokenizer", pa.string()),
-        ("tp", pa.int32()),
-        ("workload", pa.string()),
-        ("kind", pa.string()),  # throughput | latency | serve
-        ("workload_params", pa.string()),  # JSON of the workload's vLLM settings
-        ("variant", pa.string()),  # "baseline" or the candidate ids joined by "+"
-        ("candidates", pa.string()),  # comma-separated candidate ids ("" for the baseline)
-        ("candidate_sha256", pa.string()),  # JSON {candidate id: SHA-256 of its file}
-        ("candidate_calls", pa.string()),  # JSON {candidate id: {"constructed": n, "calls": n}} from the plugin
-        ("status", pa.string()),
-        ("error", pa.string()),
-        ("log_path", pa.string()),  # the engine/benchmark log of the job
-        ("vllm_json", pa.string()),  # vLLM's own --output-json file of the job
-        ("requests_per_s", pa.float64()),
-        ("total_tokens_per_s", pa.float64()),
-        ("output_tokens_per_s", pa.float64()),
-        ("num_requests", pa.int64()),
-        ("total_num_tokens", pa.int64()),
-        ("total_output_tokens", pa.int64()),
-        ("elapsed_s", pa.float64()),
-        ("avg_latency_ms", pa.float64()),
-        ("p10_latency_ms", pa.float64()),
-        ("p25_latency_ms", pa.float64()),
-        ("p50_latency_ms", pa.float64()),
-        ("p75_latency_ms", pa.float64()),
-        ("p90_latency_ms", pa.float64()),
-        ("p99_latency_ms", pa.float64()),
-        # serve (vllm bench serve's own key names): time to first token, time per output
-        # token, inter-token latency, end-to-end request latency, in ms
-        ("mean_ttft_ms", pa.float64()),
-        ("p50_ttft_ms", pa.float64()),
-        ("p90_ttft_ms", pa.float64()),
-        ("p99_ttft_ms", pa.float64()),
-        ("mean_tpot_ms", pa.float64()),
-        ("p50_tpot_ms", pa.float64()),
-        ("p90_tpot_ms", pa.float64()),
-        ("p99_tpot_ms", pa.float64()),
-        ("mean_itl_ms", pa.float64()),
-        ("p50_itl_ms", pa.float64()),
-        ("p90_itl_ms", pa.float64()),
-        ("p99_itl_ms", pa.float64()),
-        ("mean_e2el_ms", pa.float64()),
-        ("p50_e2el_ms", pa.float64()),
-        ("p90_e2el_ms", pa.float64()),
-        ("p99_e2el_ms", pa.float64()),
-        ("failed_requests", pa.int64()),  # serve: requests vLLM's benchmark saw fail
-        ("speedup", pa.float64()),  # set by the merge: vs the baseline row of the same model/tp/workload
-        ("dtype", pa.string()),
-        ("max_model_len", pa.int64()),
-        ("enforce_eager", pa.bool_()),
-        ("seed", pa.int64()),
-        ("device", pa.string()),
-        ("gpu_ids", pa.string()),  # the leased CUDA device ids (kb_nano.gpus), comma-separated
-        ("device_name", pa.string()),
-        ("vllm_version", pa.string()),
-        ("torch_version", pa.string()),
-        ("kb_nano_version", pa.string()),
-        ("git_sha", pa.string()),
-        ("created_at", pa.string()),
-        ("wall_s", pa.float64()),
-    ]
-)
-E2E_COLUMNS = E2E_SCHEMA.names
-PERCENTILES = (10, 25, 50, 75, 90, 99)  # vllm bench latency's percentiles (also asked of bench serve)
-SERVE_METRICS = ("ttft", "tpot", "itl", "e2el")
-
-
-def make_e2e_row(**fields) -> dict:
-    """A full e2e row (every column of :data:`E2E_SCHEMA`, None where unknown). Raises
-    ``KeyError`` for an unknown field and ``ValueError`` for an unknown status.
-    Throughput metrics are per second of vLLM's ``elapsed_time``; latencies are ms
-    (vLLM reports seconds; ×1000)."""
-    return _full_row("e2e", E2E_COLUMNS, E2E_STATUSES, E2E_SCHEMA_VERSION, fields)
-
-
-def e2e_table(rows: list[dict]) -> pa.Table:
-    """Rows -> Arrow table with :data:`E2E_SCHEMA`."""
-    return pa.Table.from_pylist([make_e2e_row(**r) for r in rows], schema=E2E_SCHEMA)
-
-
-def read_e2e_rows(paths: list[Path]) -> pa.Table:
-    """Concatenate e2e shards into one table with :data:`E2E_SCHEMA` (missing columns null)."""
-    rows = [row for p in paths for row in pq.read_table(p).to_pylist()]
-    return pa.Table.from_pylist(rows, schema=E2E_SCHEMA)

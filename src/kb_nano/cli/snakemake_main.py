@@ -1,0 +1,26 @@
+"""``python -m kb_nano.cli.snakemake_main ARGS``: Snakemake's command line as ``kb_nano``
+runs it (:func:`kb_nano.cli.snakemake.run_snakemake`), quiet when interrupted while it
+starts: a Ctrl-C during Snakemake's own imports (a second or two) ends the process with
+status 130 and no KeyboardInterrupt traceback; from then on SIGINT is Python's default
+(KeyboardInterrupt), which Snakemake turns into its clean shutdown.
+
+Module-level code is only the guard: multiprocessing's children import this module
+again as ``__mp_main__``, and must not start Snakemake.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def _quiet_exit(signum, frame) -> None:
+    raise SystemExit(130)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _quiet_exit)
+    from snakemake.cli import main
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(main())

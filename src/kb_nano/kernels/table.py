@@ -1,0 +1,114 @@
+"""The kernel table for the terminal (rich): one line per row, then a summary line."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from kb_nano.console import make_console, num
+
+STATUS_STYLE = {"passed": "green", "skipped": "yellow"}
+
+
+NOISY_IQR_FRACTION = 0.25  # IQR above this share of the median: the row is flagged noisy
+
+
+def _ms(median, iqr) -> str:
+    if median is None or (isinstance(median, float) and math.isnan(median)):
+        return "-"
+    return f"{median:.4f} ±{iqr:.4f}" if iqr is not None and not math.isnan(iqr) else f"{median:.4f}"
+
+
+def _note(r: dict) -> str:
+    if r.get("error"):
+        return r["error"]
+    noisy = [
+        side
+        for side in ("baseline", "candidate")
+        if r.get(f"{side}_ms")
+        and r.get(f"{side}_ms_iqr") is not None
+        and r[f"{side}_ms_iqr"] > NOISY_IQR_FRACTION * r[f"{side}_ms"]
+    ]
+    notes = [f"REVIEW {r['review']}"] if r.get("review") else []
+    if r.get("significant") is False:
+        notes.append("not significant: the 95% rerun interval contains 1.0")
+    if r.get("graph_speedup") is not None:
+        notes.append(
+            f"CUDA graph {r['baseline_graph_ms']:.4f} vs {r['candidate_graph_ms']:.4f} ms = {r['graph_speedup']:.2f}x"
+        )
+    elif r.get("graph_error"):
+        notes.append(f"no CUDA graph: {r['graph_error']}")
+    if r.get("input_source") == "golden":
+        notes.append("golden inputs")
+    if noisy:
+        notes.append(f"noisy: {' and '.join(noisy)} IQR > {NOISY_IQR_FRACTION:.0%} of median")
+    return "; ".join(notes)
+
+
+def _ci(r: dict) -> str:
+    lo, hi = r.get("speedup_ci_low"), r.get("speedup_ci_high")
+    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
+        return "-"
+    return f"{lo:.2f}-{hi:.2f}"
+
+
+def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
+    """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline and
+    candidate median ms ± IQR (ms), speedup (baseline median / candidate median), its
+    95% rerun interval (:func:`kb_nano.kernels.timing.speedup_interval`), and the error, or notes: a roofline "REVIEW" flag,
+    "not significant" when the interval contains 1.0, CUDA-graph replay times when
+    measured, "golden inputs" (captured tensors, see :mod:`kb_nano.golden`) and a "noisy"
+    flag when an IQR exceeds 25% of its median."""
+    table = Table(title=title, show_lines=False)
+    for col, justify in (
+        ("scenario", "left"),
+        ("candidate", "left"),
+        ("status", "left"),
+        ("max_abs_err", "right"),
+        ("baseline ms ±IQR", "right"),
+        ("candidate ms ±IQR", "right"),
+        ("speedup", "right"),
+        ("rerun 95%", "right"),
+        ("note", "left"),
+    ):
+        table.add_column(col, justify=justify, overflow="fold", no_wrap=col in ("scenario", "candidate"))
+    for r in rows:
+        style = STATUS_STYLE.get(r["status"], "red")
+        speed = r.get("speedup")
+        table.add_row(
+            escape(r["scenario_id"]),
+            escape(r["candidate"]),
+            f"[{style}]{r['status']}[/{style}]",
+            num(r.get("max_abs_err"), ".3g"),
+            _ms(r.get("baseline_ms"), r.get("baseline_ms_iqr")),
+            _ms(r.get("candidate_ms"), r.get("candidate_ms_iqr")),
+            num(speed, ".2f")
+            + ("x" if speed is not None and not (isinstance(speed, float) and math.isnan(speed)) else ""),
+            _ci(r),
+            escape(_note(r)),
+        )
+    return table
+
+
+def print_kernels(rows: list[dict], summary: dict, console: Console | None = None) -> None:
+    """Print the kernel table and a one-line summary (pass rate, geomean speedup)."""
+    console = console or make_console()
+    console.print(kernel_table(rows))
+    by_status = ", ".join(f"{n} {s}" for s, n in summary["by_status"].items())
+    rate = summary["pass_rate"]
+    gm = summary["geomean_speedup"]
+    sig = summary.get("significant")
+    review = summary.get("review")
+    console.print(
+        f"{summary['rows']} rows: {by_status}; pass rate {num(rate * 100 if rate is not None else None, '.0f')}%"
+        + (f"; geomean speedup over passed {num(gm, '.3f')}x" if num(gm, ".3f") != "-" else "; no row passed")
+        + (
+            f"; {sig} of the passed significantly different from the baseline (95% rerun interval excludes 1.0)"
+            if sig is not None
+            else ""
+        )
+        + (f"; {review} flagged for REVIEW" if review else "")
+    )
