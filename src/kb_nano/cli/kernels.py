@@ -139,7 +139,7 @@ def start_manifest(root: Path, effective: dict) -> threading.Thread:
         with contextlib.suppress(Exception):
             path = kbw.manifest_path(effective)
             data, how = kbw.manifest(root, effective, Path(path))
-            if how is not None:
+            if how is not None and threading.main_thread().is_alive():  # (not after an interrupt ended kb_nano)
                 n_na = sum(not s["applicable"] for s in data["scenarios"])
                 source = " (from the user cache)" if how == "cache" else ""
                 print(

@@ -1,8 +1,9 @@
 """``python -m kb_nano.cli.snakemake_main ARGS``: Snakemake's command line as ``kb_nano``
 runs it (:func:`kb_nano.cli.snakemake.run_snakemake`), quiet when interrupted while it
-starts: a Ctrl-C during Snakemake's own imports (a second or two) ends the process with
-status 130 and no KeyboardInterrupt traceback; from then on SIGINT is Python's default
-(KeyboardInterrupt), which Snakemake turns into its clean shutdown.
+starts: a Ctrl-C during Snakemake's own imports (a second or two), while it parses the
+workflow (the manifest) or builds the DAG ends the process with status 130 and no
+KeyboardInterrupt traceback. SIGINT stays Python's default (KeyboardInterrupt) from the
+imports on, which Snakemake's job scheduler turns into its clean shutdown.
 
 Module-level code is only the guard: multiprocessing's children import this module
 again as ``__mp_main__``, and must not start Snakemake.
@@ -23,4 +24,7 @@ if __name__ == "__main__":
     from snakemake.cli import main
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.exit(main())
+    try:
+        main()  # exits itself
+    except KeyboardInterrupt:  # while it parses the workflow or builds the DAG (its job scheduler handles its own)
+        sys.exit(130)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kb_nano.candidates import file_sha256
 from kb_nano.kernels import signing
+from kb_nano.kernels.procs import sigint_blocked
 from kb_nano.kernels.schema import make_row, scenario_fields, write_rows
 
 JUDGE_GRACE_S = 180.0  # beyond timeout_s: the judge's own work (worker starts, roofline, shard)
@@ -72,7 +73,7 @@ class Judge:
         self.conn, child = ctx.Pipe(duplex=True)
         spec = {"env": env, "owner_pid": os.getpid(), "gpu_ids": ",".join(gpu_ids) or None, "bind_later": bind_later}
         self.proc = ctx.Process(target=judge_process.serve, args=(child, spec), name=f"kb_nano judge {key}")
-        with _LOCK:  # Process.start() polls the other live children (multiprocessing's _cleanup)
+        with _LOCK, sigint_blocked():  # Process.start() polls the other live children (multiprocessing's _cleanup)
             self.proc.start()
         child.close()
         self.lock = threading.Lock()

@@ -256,8 +256,14 @@ def prewarm() -> None:
     import threading
     from multiprocessing import forkserver
 
+    from kb_nano.kernels.procs import sigint_blocked
+
+    def start() -> None:
+        with sigint_blocked():  # the server starts with SIGINT blocked (see kb_nano.kernels.quiet_start)
+            forkserver.ensure_running()
+
     worker_context()
-    threading.Thread(target=forkserver.ensure_running, name="kb_nano-forkserver", daemon=True).start()
+    threading.Thread(target=start, name="kb_nano-forkserver", daemon=True).start()
 
 
 class Pool:

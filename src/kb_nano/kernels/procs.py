@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 
 
@@ -187,3 +188,22 @@ def kill_tree(pid: int) -> None:
     for proc in reversed(procs):
         with contextlib.suppress(psutil.Error):
             proc.kill()
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """SIGINT blocked in the calling thread while the block runs: a fork server started
+    in it begins with SIGINT blocked (a blocked signal stays blocked across exec), so a
+    Ctrl-C while the server's Python starts waits until its first import
+    (:mod:`kb_nano.kernels.quiet_start`) ignores it. Python's own SIGINT handling, in
+    the main thread, is unaffected when the calling thread is another. multiprocessing's
+    resource tracker is started first: starting it unblocks SIGINT in the calling thread
+    (``multiprocessing.resource_tracker.ResourceTracker.ensure_running``)."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
