@@ -356,3 +356,53 @@ def test_sigint_to_the_workers_alone_ends_their_job_and_the_run(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["Snakemake starting", "a fork server starting"])
+def test_ctrl_c_while_kb_nano_starts_is_quiet(tmp_path, when):
+    """Ctrl-C in the terminal (SIGINT to kb_nano's process group) while Snakemake is still
+    importing or parsing, or while the judges' fork server is importing: the run ends
+    with status 130, says it was interrupted, prints no traceback and leaves no process."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    work = copy_workflow(tmp_path)
+    cmd = [sys.executable, "-m", "kb_nano.cli", "kernels", "--target", "rms_norm", "--model", "llama31-8b"]
+    proc = subprocess.Popen(
+        [*cmd, "--tp", "1", "--num-tokens", "1"],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "KB_NANO_ROOT": str(work), "XDG_CACHE_HOME": str(tmp_path / "cache")},
+        start_new_session=True,
+    )
+
+    def started(p: psutil.Process) -> bool:
+        cmdline = " ".join(p.cmdline())
+        return "forkserver" in cmdline if "fork server" in when else "snakemake_main" in cmdline
+
+    try:
+        deadline, seen = time.monotonic() + 60, []
+        while not seen and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                seen = [p for p in psutil.Process(proc.pid).children(recursive=True) if started(p)]
+            except psutil.Error:
+                pass
+            time.sleep(0.02)
+        assert seen, f"{when}: not seen"
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out
+        assert "interrupted" in out and "Traceback" not in out, out
+        time.sleep(1)
+        assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
