@@ -115,10 +115,17 @@ def test_cli_compare_and_errors(store, capsys):
     assert "unreachable" in err and err.count("\n") == 1
 
 
+def _sigint_ignored_and_blocked() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a script's `kb_nano ... &`
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # a parent that blocked it
+
+
 @pytest.mark.slow
-def test_mlflow_ui_serves_the_runs_on_loopback(store):
+@pytest.mark.parametrize("started", ["plainly", "with SIGINT ignored and blocked"])
+def test_mlflow_ui_serves_the_runs_on_loopback(store, started):
     """`kb_nano mlflow-ui` starts the UI on the same store, prints the URL, and the REST
-    API behind the page lists the logged runs."""
+    API behind the page lists the logged runs; a Ctrl-C stops it, also when it inherited
+    SIGINT ignored or blocked."""
     uri, ids = store
     port = free_port()
     proc = subprocess.Popen(
@@ -127,6 +134,7 @@ def test_mlflow_ui_serves_the_runs_on_loopback(store):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=_sigint_ignored_and_blocked if "ignored" in started else None,
     )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True).start()

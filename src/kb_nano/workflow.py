@@ -35,6 +35,7 @@ HARNESS_MODULES = (
             "measure",
             "pool",
             "procs",
+            "quiet_start",
             "sandbox",
             "schema",
             "shm",

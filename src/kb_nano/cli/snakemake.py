@@ -80,6 +80,8 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         proc = subprocess.Popen(cmd, cwd=root, env=env, process_group=0, preexec_fn=on_parent_death(signal.SIGINT))
         # SIGINT too: a kb_nano started with `&` from a script inherits SIGINT ignored
         previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        # ... and unblocked, should kb_nano's parent have blocked them
+        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
         try:
             return proc.wait()
         except KeyboardInterrupt:
@@ -88,6 +90,7 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -98,12 +101,14 @@ def on_parent_death(sig: signal.Signals):
     """A ``preexec_fn`` for a child kb_nano starts in a process group of its own: signal
     ``sig`` reaches it when kb_nano dies, even by SIGKILL (``PR_SET_PDEATHSIG``), and
     SIGINT's default action is back (a background job of a script starts with SIGINT
-    ignored, and Python then would not turn it into KeyboardInterrupt)."""
+    ignored, and Python then would not turn it into KeyboardInterrupt), SIGINT and SIGTERM
+    unblocked (a mask the parent set is inherited)."""
 
     def preexec() -> None:
         import ctypes
 
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
 

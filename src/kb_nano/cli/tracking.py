@@ -159,9 +159,12 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
     proc = subprocess.Popen(cmd, process_group=0, preexec_fn=on_parent_death(signal.SIGTERM))
 
     def stop(signum, frame):
-        raise KeyboardInterrupt  # SIGTERM: stop the server too (see finally)
+        raise KeyboardInterrupt  # SIGINT, SIGTERM: stop the server too (see finally)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    # SIGINT too, and both unblocked: a kb_nano started with SIGINT ignored or blocked (a
+    # script's `&`, a parent that blocked it) still stops on Ctrl-C / kill -INT
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         deadline = time.monotonic() + args.start_timeout
         while True:
@@ -184,5 +187,7 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         stop_group(proc, signal.SIGTERM, 15, signal.SIGKILL)  # the group: `mlflow ui` runs uvicorn as a child
