@@ -280,6 +280,14 @@ def cached(path: Path, root: Path, params: dict, files: list[Path]) -> tuple[dic
         return _cached_locked(Path(path), root, params, digest_now, abi_version() > 0)
 
 
+def written_note(path, data: dict, how: str) -> str:
+    """The line saying that :func:`cached` wrote the manifest at ``path`` (``how``:
+    ``"generated"`` or ``"cache"``), with its scenario counts."""
+    n_na = sum(not s["applicable"] for s in data["scenarios"])
+    source = " (from the user cache)" if how == "cache" else ""
+    return f"kb-nano: wrote {path}{source}: {len(data['scenarios'])} scenarios ({n_na} not applicable)"
+
+
 def _read_current(path: Path, digest_now: str) -> dict | None:
     """The manifest at ``path`` when it records ``digest_now``, else None."""
     if not path.is_file():

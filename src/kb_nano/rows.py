@@ -44,3 +44,11 @@ def geomean(values) -> float | None:
     if not values:
         return None
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def read_shards(paths: list[Path], schema: pa.Schema) -> pa.Table:
+    """Concatenate Parquet shards into one table with ``schema``: columns missing from an
+    older shard are null, extra columns are dropped. Raises what pyarrow raises for an
+    unreadable file (``OSError``, ``pyarrow.ArrowException``)."""
+    rows = [row for p in paths for row in pq.read_table(p).to_pylist()]
+    return pa.Table.from_pylist(rows, schema=schema)

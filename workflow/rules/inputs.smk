@@ -8,9 +8,7 @@ try:
 except KbNanoError as exc:
     raise WorkflowError(f"kb-nano: {exc}") from None
 if _how is not None:
-    n_na = sum(not s["applicable"] for s in MANIFEST_DATA["scenarios"])
-    source = " (from the user cache)" if _how == "cache" else ""
-    logger.info(
-        f"kb-nano: wrote {MANIFEST}{source}: {len(MANIFEST_DATA['scenarios'])} scenarios ({n_na} not applicable)"
-    )
+    from kb_nano.manifest import written_note
+
+    logger.info(written_note(MANIFEST, MANIFEST_DATA, _how))
 SCENARIOS = {s["scenario_id"]: s for s in MANIFEST_DATA["scenarios"]}

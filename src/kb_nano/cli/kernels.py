@@ -128,28 +128,23 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     return 0
 
 
-def start_manifest(root: Path, effective: dict) -> threading.Thread:
+def start_manifest(root: Path, effective: dict) -> None:
     """Bring the selection's manifest up to date in a background thread of this process
     (:func:`kb_nano.workflow.manifest`) while Snakemake starts: generating one imports torch
     and transformers (seconds), which then overlaps Snakemake's own start-up; the
     Snakefile's parse waits for the file under the manifest's lock and reads it. A
     failure here is left to that parse, which reports it."""
 
+    from kb_nano.manifest import written_note
+
     def run() -> None:
         with contextlib.suppress(Exception):
             path = kbw.manifest_path(effective)
             data, how = kbw.manifest(root, effective, Path(path))
             if how is not None and threading.main_thread().is_alive():  # (not after an interrupt ended kb_nano)
-                n_na = sum(not s["applicable"] for s in data["scenarios"])
-                source = " (from the user cache)" if how == "cache" else ""
-                print(
-                    f"kb-nano: wrote {path}{source}: {len(data['scenarios'])} scenarios ({n_na} not applicable)",
-                    file=sys.stderr,
-                )
+                print(written_note(path, data, how), file=sys.stderr)
 
-    thread = threading.Thread(target=run, name="kb_nano-manifest", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=run, name="kb_nano-manifest", daemon=True).start()
 
 
 def cmd_generate_inputs(args, passthrough: list[str]) -> int:

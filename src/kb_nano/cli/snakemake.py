@@ -78,23 +78,31 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         # and when it dies (PR_SET_PDEATHSIG), so its jobs stop, finished shards stay and
         # its lock is released however kb_nano was stopped.
         proc = subprocess.Popen(cmd, cwd=root, env=env, process_group=0, preexec_fn=on_parent_death(signal.SIGINT))
-        # SIGINT too: a kb_nano started with `&` from a script inherits SIGINT ignored
-        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        # ... and unblocked, should kb_nano's parent have blocked them
-        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            stop_group(proc, signal.SIGINT, 60, signal.SIGTERM)
-            raise
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        with interrupts((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                stop_group(proc, signal.SIGINT, 60, signal.SIGTERM)
+                raise
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+@contextlib.contextmanager
+def interrupts(sigs: tuple):
+    """While the block runs, each of ``sigs`` raises KeyboardInterrupt in the main thread
+    and is unblocked: also in a kb_nano started with SIGINT ignored (`kb_nano ... &` from a
+    script) or blocked by its parent. The handlers and the mask are restored afterwards."""
+
+    def raise_interrupt(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, raise_interrupt) for sig in sigs}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, set(sigs))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def on_parent_death(sig: signal.Signals):

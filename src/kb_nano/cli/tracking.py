@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kb_nano import operators
 from kb_nano.cli.config import base_config
-from kb_nano.cli.snakemake import on_parent_death, stop_group
+from kb_nano.cli.snakemake import interrupts, on_parent_death, stop_group
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
 
@@ -112,7 +112,6 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
     ``mlflow ui`` (e.g. ``--allowed-hosts``). Raises ``KbNanoError`` if the port is taken
     or the server does not come up within ``--start-timeout`` seconds."""
     import socket
-    import urllib.request
 
     from kb_nano.tracking import artifact_root, check_reachable, is_server, sqlite_path
 
@@ -158,36 +157,32 @@ def cmd_mlflow_ui(args, passthrough: list[str]) -> int:
     # SIGTERM (the server's own SIGINT handling prints KeyboardInterrupt tracebacks)
     proc = subprocess.Popen(cmd, process_group=0, preexec_fn=on_parent_death(signal.SIGTERM))
 
-    def stop(signum, frame):
-        raise KeyboardInterrupt  # SIGINT, SIGTERM: stop the server too (see finally)
-
-    # SIGINT too, and both unblocked: a kb_nano started with SIGINT ignored or blocked (a
-    # script's `&`, a parent that blocked it) still stops on Ctrl-C / kill -INT
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        deadline = time.monotonic() + args.start_timeout
-        while True:
-            if proc.poll() is not None:
-                raise KbNanoError(
-                    f"mlflow ui exited with status {proc.returncode} before serving; see its messages above"
-                )
-            try:
-                with urllib.request.urlopen(url + "health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise KbNanoError(f"mlflow ui did not answer on {url} within {args.start_timeout:.0f} s")
-            time.sleep(0.5)
-        print(f"MLflow UI: {url}  (store: {uri}; Ctrl-C stops it)", flush=True)
-        _print_experiment_urls(url)
-        return proc.wait()
+        with interrupts((signal.SIGINT, signal.SIGTERM)):  # SIGTERM too: stop the server (see finally)
+            return _serve(proc, url, uri, args.start_timeout)
     except KeyboardInterrupt:
         return 0
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         stop_group(proc, signal.SIGTERM, 15, signal.SIGKILL)  # the group: `mlflow ui` runs uvicorn as a child
+
+
+def _serve(proc, url: str, uri: str, start_timeout: float) -> int:
+    """Wait for the server to answer, print its URLs, then wait for it to end."""
+    import urllib.request
+
+    deadline = time.monotonic() + start_timeout
+    while True:
+        if proc.poll() is not None:
+            raise KbNanoError(f"mlflow ui exited with status {proc.returncode} before serving; see its messages above")
+        try:
+            with urllib.request.urlopen(url + "health", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise KbNanoError(f"mlflow ui did not answer on {url} within {start_timeout:.0f} s")
+        time.sleep(0.5)
+    print(f"MLflow UI: {url}  (store: {uri}; Ctrl-C stops it)", flush=True)
+    _print_experiment_urls(url)
+    return proc.wait()

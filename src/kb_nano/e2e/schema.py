@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from kb_nano.rows import full_row
+from kb_nano.rows import full_row, read_shards
 
 E2E_SCHEMA_VERSION = 1
 
@@ -120,5 +119,4 @@ def e2e_table(rows: list[dict]) -> pa.Table:
 
 def read_e2e_rows(paths: list[Path]) -> pa.Table:
     """Concatenate e2e shards into one table with :data:`E2E_SCHEMA` (missing columns null)."""
-    rows = [row for p in paths for row in pq.read_table(p).to_pylist()]
-    return pa.Table.from_pylist(rows, schema=E2E_SCHEMA)
+    return read_shards(paths, E2E_SCHEMA)

@@ -258,11 +258,8 @@ def prewarm() -> None:
 
     from kb_nano.kernels.procs import sigint_blocked
 
-    def start() -> None:
-        with sigint_blocked():  # the server starts with SIGINT blocked (see kb_nano.kernels.quiet_start)
-            forkserver.ensure_running()
-
     worker_context()
+    start = sigint_blocked()(forkserver.ensure_running)  # SIGINT blocked as it starts (kernels.quiet_start)
     threading.Thread(target=start, name="kb_nano-forkserver", daemon=True).start()
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kb_nano.rows import full_row, write_table
+from kb_nano.rows import full_row, read_shards, write_table
 
 SCHEMA_VERSION = 5  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline, started_at/ended_at; 4: judge and workers (OS seed, sandbox, signed shards); 5: three GPU timers, speedup_basis, blocks, SM clock
 
@@ -159,7 +159,7 @@ def scenario_fields(scenario: dict) -> dict:
 
 
 def make_row(**fields) -> dict:
-    """A full kernel row (:data:`KERNEL_SCHEMA`; see :func:`_full_row`)."""
+    """A full kernel row (:data:`KERNEL_SCHEMA`; see :func:`kb_nano.rows.full_row`)."""
     return full_row("kernel", COLUMNS, STATUSES, SCHEMA_VERSION, fields)
 
 
@@ -193,5 +193,4 @@ def read_signed(path: Path) -> tuple[list[dict], str | None]:
 def read_rows(paths: list[Path]) -> pa.Table:
     """Concatenate shards into one table with :data:`KERNEL_SCHEMA`; columns missing from
     an older shard are null, extra columns are dropped."""
-    rows = [row for p in paths for row in pq.read_table(p).to_pylist()]
-    return pa.Table.from_pylist(rows, schema=KERNEL_SCHEMA)
+    return read_shards(paths, KERNEL_SCHEMA)

@@ -10,9 +10,8 @@ import os
 import struct
 import time
 
-import torch
 import torch.nn.functional as F
-from torch import nn
+from _common import Base
 
 EXPECTED = "tampered"
 
@@ -62,13 +61,7 @@ def _start(n=2):
                 os._exit(0)
 
 
-class CloneParentRMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.variance_epsilon = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-
+class CloneParentRMSNorm(Base):
     def forward(self, x, residual=None):
         global _STARTED
         if not _STARTED:
