@@ -122,6 +122,26 @@ def hidden_ms(s: dict) -> float:
     return float(np.median(batch_overhead_ms(s, "cand")) - np.median(batch_overhead_ms(s, "base")))
 
 
+def overhead_noise_ms(s: dict, z: float = 3.0, resamples: int = 2000) -> float:
+    """How far :func:`hidden_ms` moves by chance, in ms: ``z`` standard errors of a
+    difference of two medians of batch overhead, ``z * sqrt(2) * SE``, with ``SE`` the
+    bootstrap standard error of the median of the baseline's batch overhead (Efron &
+    Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 6), taken robustly as the
+    IQR of the bootstrap medians / 1.349 (the normal distribution's IQR in SDs), because
+    a few very slow batches make rare resamples' medians large; fixed seed, so a rerun on
+    the same batches gives the same number. The baseline's batches only: a
+    candidate could widen its own spread on purpose. Unlike the raw spread of the batches
+    (their IQR), it does not grow with a minority of slow batches (host preemptions), which
+    move neither median; it shrinks as blocks are added. 0.0 with fewer than 4 batches."""
+    over = batch_overhead_ms(s, "base")
+    if len(over) < 4:
+        return 0.0
+    rng = np.random.default_rng(0)
+    medians = np.median(rng.choice(over, size=(resamples, len(over)), replace=True), axis=1)
+    q75, q25 = np.percentile(medians, [75, 25])
+    return float(z * np.sqrt(2.0) * (q75 - q25) / 1.349)
+
+
 def batch_overhead_ms(s: dict, side: str) -> np.ndarray:
     """Per batch of ``side`` (``base`` | ``cand``): the judge's clock around it minus the
     call times its worker reported, in ms (IPC, output copies, and whatever else ran)."""
