@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -260,9 +262,16 @@ def test_plugin_swaps_candidates_into_vllm(tmp_path):
 
 
 @needs_vllm
+def _sockets_in_tempdir() -> set[str]:
+    """Names of the Unix socket files directly in the system temp dir."""
+    root = Path(tempfile.gettempdir())
+    return {p.name for p in root.iterdir() if stat.S_ISSOCK(p.lstat().st_mode)}
+
+
 @pytest.mark.slow
 def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     work = copy_workflow(tmp_path)
+    sockets = _sockets_in_tempdir()
     proc = kb_nano(
         work,
         "e2e",
@@ -299,6 +308,7 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     assert set(vllm_doc) >= {"avg_latency", "latencies", "percentiles"}  # vLLM's own JSON
     assert "random (--load-format dummy)" in proc.stdout and "speedup" in proc.stdout
     assert (work / "results/mlflow/e2e.json").is_file()
+    assert _sockets_in_tempdir() <= sockets, "vLLM's ZMQ socket files were left in the temp dir"
     # Editing one candidate reruns only the variant that holds it (and merge + MLflow).
     cand = work / "candidates/silu_and_mul/inplace.py"
     cand.write_text(cand.read_text() + "\n# edited by the e2e rerun test\n")

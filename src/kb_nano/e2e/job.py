@@ -174,6 +174,7 @@ def run(
         calls_dir = Path(tmp) / "calls"
         calls_dir.mkdir()
         env = job_env([{"id": c["id"], "path": c["path"]} for c in candidates], str(calls_dir), engine["device"])
+        env["VLLM_RPC_BASE_PATH"] = tmp  # vLLM's ZMQ socket files: gone with the job's temp dir
         # On GPUs the job leases tp concrete devices for its whole life (kb_nano.gpus): the
         # engine sees only those; a killed job frees them.
         n_gpus = int(tp) if engine["device"] == "cuda" else 0
