@@ -193,10 +193,39 @@ def test_merge_fills_speedup_from_the_baseline_and_writes_the_json_schema(tmp_pa
     assert by[("t", "a.b")]["speedup"] == pytest.approx(1.5)  # throughput: candidate / baseline
     assert by[("w", "c.d")]["speedup"] is None
     doc = json.loads((tmp_path / "e2e.json").read_text())
-    assert doc["tier"] == "e2e" and doc["schema_version"] == 1
+    assert doc["tier"] == "e2e" and doc["schema_version"] == 2
     assert all(set(r) == set(E2E_COLUMNS) for r in doc["rows"])
     assert doc["summary"]["by_status"] == {"engine_error": 1, "ok": 4}
     assert pq.read_table(tmp_path / "e2e.parquet").schema.names == E2E_COLUMNS
+
+
+def test_merge_combines_the_pairs_into_a_ratio_with_a_bootstrap_interval(tmp_path):
+    """A job's shard holds one row per run; the merge makes one row per variant: metrics
+    the median over the pairs, speedup the geometric mean of pair p's ratio over the
+    baseline's pair p (not a ratio of medians), a bootstrap interval over the pairs that
+    holds the speedup, ``significant`` when it excludes 1; a failed pair fails the row."""
+    base_ms, cand_ms = [100.0, 130.0, 90.0], [80.0, 100.0, 75.0]  # ratios 1.25, 1.3, 1.2
+    runs = [_row("baseline", avg_latency_ms=b, pair=p) for p, b in enumerate(base_ms)]
+    runs += [_row("a.b", avg_latency_ms=c, pair=p) for p, c in enumerate(cand_ms)]
+    mixed = [_row("baseline", avg_latency_ms=100.0, pair=p) | {"workload": "m"} for p in range(3)]
+    mixed += [_row("a.b", avg_latency_ms=c, pair=p) | {"workload": "m"} for p, c in enumerate([90.0, 110.0, 95.0])]
+    failed = [_row("baseline", avg_latency_ms=100.0, pair=0) | {"workload": "f"}]
+    failed += [_row("a.b", status="candidate_error", error="boom", pair=0) | {"workload": "f"}]
+    path = tmp_path / "job.parquet"
+    write_table(e2e_table(runs + mixed + failed), path)
+    rows = merge_e2e([path], tmp_path / "e2e.parquet", tmp_path / "e2e.json")
+    by = {(r["workload"], r["variant"]): r for r in rows}
+    cand, base = by[("w", "a.b")], by[("w", "baseline")]
+    assert len(rows) == 6 and cand["pair"] is None and cand["num_pairs"] == base["num_pairs"] == 3
+    assert base["avg_latency_ms"] == 100.0 and cand["avg_latency_ms"] == 80.0  # medians
+    assert cand["speedup"] == pytest.approx((1.25 * 1.3 * 1.2) ** (1 / 3))
+    assert json.loads(cand["pair_speedups"]) == pytest.approx([1.25, 1.3, 1.2])
+    assert 1.2 - 1e-9 <= cand["speedup_ci_low"] < cand["speedup"] < cand["speedup_ci_high"] <= 1.3 + 1e-9
+    assert cand["significant"] is True and base["speedup"] == 1.0 and base["speedup_ci_low"] is None
+    assert by[("m", "a.b")]["significant"] is False  # ratios 1.11, 0.91, 1.05: the interval holds 1
+    assert by[("f", "a.b")]["status"] == "candidate_error" and by[("f", "a.b")]["speedup"] is None
+    one = merge_e2e([path], tmp_path / "e2e.parquet", tmp_path / "e2e.json")
+    assert [r["speedup_ci_low"] for r in one] == [r["speedup_ci_low"] for r in rows]  # a fixed seed
 
 
 def test_cli_rejects_bad_e2e_input(tmp_path):
@@ -261,13 +290,13 @@ def test_plugin_swaps_candidates_into_vllm(tmp_path):
     assert wrong_tokens != base_tokens
 
 
-@needs_vllm
 def _sockets_in_tempdir() -> set[str]:
     """Names of the Unix socket files directly in the system temp dir."""
     root = Path(tempfile.gettempdir())
     return {p.name for p in root.iterdir() if stat.S_ISSOCK(p.lstat().st_mode)}
 
 
+@needs_vllm
 @pytest.mark.slow
 def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     work = copy_workflow(tmp_path)
@@ -289,6 +318,8 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
         "--candidates",
         "rms_norm/torch_fused",
         "silu_and_mul/inplace",
+        "--pairs",
+        "2",
         "--output-json",
         "results/my_e2e.json",
     )
@@ -301,11 +332,18 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     calls = json.loads(rows[variant]["candidate_calls"])
     assert calls["rms_norm/torch_fused"]["calls"] > 0 and calls["silu_and_mul/inplace"]["calls"] > 0
     assert json.loads(rows["baseline"]["candidate_calls"]) == {}
-    assert rows[variant]["speedup"] == pytest.approx(
-        rows["baseline"]["avg_latency_ms"] / rows[variant]["avg_latency_ms"]
-    )
-    vllm_doc = json.loads(Path(work / rows[variant]["vllm_json"]).read_text())
-    assert set(vllm_doc) >= {"avg_latency", "latencies", "percentiles"}  # vLLM's own JSON
+    # two pairs, ABBA: baseline, candidates | candidates, baseline; the speedup is the
+    # geometric mean of the pairs' ratios, with their bootstrap interval
+    runs = json.loads(Path(work / rows[variant]["vllm_json"]).read_text())["runs"]
+    assert [(r["variant"], r["pair"]) for r in runs] == [("baseline", 0), (variant, 0), (variant, 1), ("baseline", 1)]
+    assert all(set(r["vllm"]) >= {"avg_latency", "latencies", "percentiles"} for r in runs)  # vLLM's own JSON
+    ratios = json.loads(rows[variant]["pair_speedups"])
+    lat = {(r["variant"], r["pair"]): 1000 * r["vllm"]["avg_latency"] for r in runs}
+    assert ratios == pytest.approx([lat[("baseline", p)] / lat[(variant, p)] for p in (0, 1)], rel=1e-5)
+    assert rows[variant]["speedup"] == pytest.approx((ratios[0] * ratios[1]) ** 0.5)
+    assert rows[variant]["num_pairs"] == rows["baseline"]["num_pairs"] == 2
+    assert rows[variant]["speedup_ci_low"] <= rows[variant]["speedup"] <= rows[variant]["speedup_ci_high"]
+    assert "95% interval" in proc.stdout
     assert "random (--load-format dummy)" in proc.stdout and "speedup" in proc.stdout
     assert (work / "results/mlflow/e2e.json").is_file()
     assert _sockets_in_tempdir() <= sockets, "vLLM's ZMQ socket files were left in the temp dir"
@@ -331,6 +369,8 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
         "silu_and_mul/inplace",
         "--output-json",
         "results/my_e2e.json",
+        "--pairs",
+        "2",
         "-n",
         "-v",
     )
@@ -358,10 +398,11 @@ def test_engine_failure_becomes_a_row(tmp_path):
             }
         )
     )
-    proc = kb_nano(work, "e2e", "latency", "--configfile", "e2e.yaml", "--baseline", "--num-iters", "1")
+    proc = kb_nano(work, "e2e", "latency", "--configfile", "e2e.yaml", "--baseline", "--num-iters", "1", "--pairs", "3")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = json.loads((work / "results/e2e.json").read_text())["rows"]
     assert row["status"] == "engine_error" and row["log_path"] in row["error"]
+    assert row["num_pairs"] == 0 and len(json.loads(Path(work / row["vllm_json"]).read_text())["runs"]) == 1
     assert "NoSuchModelForCausalLM" in Path(work / row["log_path"]).read_text()
 
 
@@ -416,7 +457,7 @@ def _job(tmp_path, candidates, timeout_s=600):
         vllm_json=str(tmp_path / "vllm.json"),
         log=str(tmp_path / "job.log"),
     )
-    (row,) = pq.read_table(tmp_path / "row.parquet").to_pylist()
+    row = pq.read_table(tmp_path / "row.parquet").to_pylist()[-1]  # the run that ended the job
     assert row["status"] == status
     return row
 
@@ -428,8 +469,9 @@ def test_candidate_crash_inside_the_engine_becomes_a_row(tmp_path):
     row = _job(tmp_path, [cand])
     assert row["status"] == "candidate_error"
     assert "silu_and_mul/raises failed (forward): RuntimeError: kb-nano test: deliberate failure" in row["error"]
-    assert str(tmp_path / "job.log") in row["error"]
-    assert json.loads((tmp_path / "vllm.json").read_text())["status"] == "candidate_error"
+    assert row["variant"] == "v" and str(tmp_path / "job/v.pair0.log") in row["error"]
+    runs = json.loads((tmp_path / "vllm.json").read_text())["runs"]
+    assert [(r["variant"], r["status"]) for r in runs] == [("baseline", "ok"), ("v", "candidate_error")]
 
 
 @needs_vllm
@@ -482,7 +524,8 @@ def test_serve_reports_ttft_tpot_itl_and_stops_the_server(tmp_path, monkeypatch)
         vllm_json=str(tmp_path / "vllm.json"),
         log=str(tmp_path / "job.log"),
     )
-    (row,) = pq.read_table(tmp_path / "row.parquet").to_pylist()
+    base, row = pq.read_table(tmp_path / "row.parquet").to_pylist()  # pair 0: the baseline first
+    assert (base["variant"], base["pair"], row["variant"], row["pair"]) == ("baseline", 0, "v", 0)
     assert status == "ok", row["error"]
     assert row["num_requests"] == 4 and row["failed_requests"] == 0
     for key in (
@@ -496,9 +539,11 @@ def test_serve_reports_ttft_tpot_itl_and_stops_the_server(tmp_path, monkeypatch)
     ):
         assert row[key] > 0, key
     assert json.loads(row["candidate_calls"])["silu_and_mul/inplace"]["calls"] > 0  # in the server's engine
-    assert "p99_e2el_ms" in json.loads((tmp_path / "vllm.json").read_text())  # vLLM's own result file
-    log = (tmp_path / "job.log").read_text()
-    assert "kb_nano.e2e.vllm_cli serve" in log
+    runs = json.loads((tmp_path / "vllm.json").read_text())["runs"]
+    assert [r["variant"] for r in runs] == ["baseline", "v"]
+    assert "p99_e2el_ms" in runs[1]["vllm"]  # vLLM's own result
+    assert "v pair 0: ok" in (tmp_path / "job.log").read_text()
+    assert "kb_nano.e2e.vllm_cli serve" in Path(row["log_path"]).read_text()
     assert _marked_processes(tmp_path.name) == []  # the server and its engine were stopped
 
 

@@ -101,14 +101,15 @@ def _job_count(out) -> int:
 def test_dry_run_shows_the_standard_job_set(work):
     out = kb_nano(work, "eval", "--dry-run", "--device", "cuda")
     assert out.returncode == 0, out.stderr
-    # 2 models (llama31-8b, qwen3-8b) x tp 1, 4 x 5 workloads x {baseline, candidates}
-    assert _job_count(out) == 40
+    # 2 models (llama31-8b, qwen3-8b) x tp 1, 4 x 5 workloads; each job runs the baseline
+    # and the candidates alternately
+    assert _job_count(out) == 20
     cpu = kb_nano(work, "eval", "--dry-run", "--device", "cpu")
     assert cpu.returncode == 0, cpu.stderr
-    assert _job_count(cpu) == 20  # tp 4 does not fit one CPU engine ...
+    assert _job_count(cpu) == 10  # tp 4 does not fit one CPU engine ...
     assert "skip llama31-8b tp=4: tp=4 needs 4 devices" in cpu.stderr  # ... and says so
     one = kb_nano(work, "eval", "--dry-run", "--device", "cuda", "--gpu-pool", "2", "--model", "qwen3-8b")
-    assert _job_count(one) == 10 and "skip qwen3-8b tp=4" in one.stderr
+    assert _job_count(one) == 5 and "skip qwen3-8b tp=4" in one.stderr
 
 
 @pytest.mark.parametrize(

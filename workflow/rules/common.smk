@@ -122,8 +122,8 @@ E2E_HARNESS = [
 def tier_plan(tier):
     """The jobs of an end-to-end tier (``e2e`` from the ``e2e`` config section, ``eval``
     from ``eval`` with its fixed workloads, kb_nano.eval.plan): device, models by key,
-    workloads by name, variants, the TPs each model runs, skipped (model, tp, reason)
-    and the engine settings."""
+    workloads by name, variants, the TPs each model runs, skipped (model, tp, reason),
+    the pairs of engine runs per job (eval smoke: 1) and the engine settings."""
     if tier not in config:
         raise WorkflowError(
             f"kb-nano: the config has no {tier}: section; copy it from config/config.yaml"
@@ -155,6 +155,7 @@ def tier_plan(tier):
             "variants": e2e_plan.variants(Path("."), config, device),
             "tps": {key: list(e2e["tp"]) for key in models},
             "skipped": [],
+            "pairs": e2e["pairs"],
             "engine": {
                 "dtype": e2e["dtype"],
                 "max_model_len": e2e["max_model_len"],
@@ -175,7 +176,7 @@ def tier_shards(tier):
         for m in plan["models"]
         for tp in plan["tps"][m]
         for w in plan["workloads"]
-        for v in plan["variants"]
+        for v in e2e_plan.job_variants(plan["variants"])
     ]
 
 
@@ -209,6 +210,7 @@ def e2e_params(wildcards):
             {"id": c.id, "path": str(Path(c.path).resolve())} for c in cands
         ],
         "engine": plan["engine"],
+        "pairs": plan["pairs"],
     }
 
 

@@ -1,4 +1,4 @@
-"""Snakemake adapter: one model x TP x workload x variant -> vLLM benchmark row (see kb_nano.e2e.job)."""
+"""Snakemake adapter: one model x TP x workload x variant -> the baseline and the variant alternately, a row per vLLM run (see kb_nano.e2e.job)."""
 
 from kb_nano.candidates import file_sha256
 from kb_nano.e2e.job import run
@@ -14,4 +14,5 @@ run(
     output=snakemake.output.shard,
     vllm_json=snakemake.output.json,
     log=snakemake.log[0],
+    pairs=int(job["pairs"]),
 )

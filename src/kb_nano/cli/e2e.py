@@ -36,6 +36,7 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
         "timeout_s",
         "device",
         "output_json",
+        "pairs",
     ):
         value = getattr(args, flag, None)
         if value is not None:
@@ -62,7 +63,8 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
 
 def cmd_e2e(args, passthrough: list[str]) -> int:
     """``kb_nano e2e throughput|latency|serve``: vLLM's own benchmark for the baseline and the
-    candidate variant (separate jobs), merged, logged to MLflow, printed with the ratio."""
+    candidate variant, alternately ``pairs`` times in one job per model × TP × workload,
+    merged (the ratio with its bootstrap interval), logged to MLflow, printed."""
     from kb_nano.e2e.vllm_cli import vllm_version
     from kb_nano.tracking import marker_path
 
@@ -114,7 +116,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
     for flag, key in (("tp", "tp"), ("category", "categories"), ("candidate", "candidates")):
         if getattr(args, flag):
             ev[key] = getattr(args, flag)
-    for flag in ("num_prompts", "gpu_pool", "seed", "output_json", "device", "timeout_s"):
+    for flag in ("num_prompts", "gpu_pool", "seed", "output_json", "device", "timeout_s", "pairs"):
         if getattr(args, flag) is not None:
             ev[flag] = getattr(args, flag)
     if args.smoke:

@@ -222,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
             help="candidate ids or prefixes of the candidate variant (default: per target, the fastest that passed Tier 1)",
         )
         p.add_argument("--baseline", action="store_true", help="run only the baseline variant")
+        p.add_argument(
+            "--pairs",
+            type=int,
+            help="baseline/candidate engine-run pairs per job, alternately (default 3; 1 = no interval)",
+        )
         p.add_argument("--timeout-s", type=float, help="seconds per job (default 900)")
         p.add_argument("--device", choices=["auto", "cpu", "cuda"])
         _snakemake_flags(p)
@@ -262,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU smoke run: lengths / 16, 16 prompts, 1+3 latency iterations (recorded in every row)",
     )
     v.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto (default) | cpu | cuda")
+    v.add_argument(
+        "--pairs", type=int, help="baseline/candidate run pairs per job, alternately (default 3; --smoke: 1)"
+    )
     v.add_argument("--timeout-s", type=float, help="seconds per job (default 3600)")
     _snakemake_flags(v)
     v.set_defaults(func=cmd_eval)

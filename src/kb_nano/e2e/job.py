@@ -1,4 +1,5 @@
-"""One Tier-2 job: model × TP × workload × variant -> vLLM's own benchmark -> one row.
+"""One Tier-2 job: model × TP × workload × variant -> vLLM's own benchmark, the baseline
+and the variant alternately ``pairs`` times -> one row per run.
 
 The job runs ``vllm bench throughput|latency`` (vLLM's CLI through
 :mod:`kb_nano.e2e.vllm_cli`) in a child process with ``--output-json``, or for ``serve``
@@ -153,19 +154,56 @@ def run(
     output: str,
     vllm_json: str,
     log: str,
+    pairs: int = 1,
 ) -> str:
-    """Run one e2e job and write its row to ``output`` (Parquet, atomic) and vLLM's JSON
-    to ``vllm_json`` (on failure: ``{"status", "error", "log"}``). Returns the status.
+    """Run one e2e job: ``pairs`` pairs of engine runs, the baseline and ``variant``
+    alternately in ABBA order (pair 0 baseline first, pair 1 the variant first, ...), so
+    a drift of the host over the job falls on both sides alike; a ``baseline`` job runs
+    the baseline ``pairs`` times. It stops at the first failed run. Writes one row per
+    run to ``output`` (Parquet, atomic; ``pair`` = the pair index) and to ``vllm_json``
+    ``{"runs": [{"variant", "pair", "status", "error", "log", "vllm"}]}`` with vLLM's
+    own JSON of each run; each run's log is ``<log without .log>/<variant>.pair<p>.log``,
+    and ``log`` lists the runs. Returns the last run's status.
 
     ``model``: ``key``, ``hub_id``, ``path``, ``tokenizer``, ``load_format``, ``weights``.
     ``candidates``: ``[{"id", "path" (absolute), "sha256"}]`` ([] for the baseline).
     ``engine``: ``dtype``, ``max_model_len``, ``enforce_eager``, ``seed``, ``device``
-    (cpu|cuda), ``timeout_s`` (seconds for the whole benchmark process)."""
+    (cpu|cuda), ``timeout_s`` (seconds for each run's benchmark process)."""
     from kb_nano.e2e.workloads import from_dict
 
     w = from_dict(workload)
-    out, log_path = Path(output), Path(log)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path = Path(log)
+    runs_dir = log_path.with_suffix("")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    order = []
+    for p in range(max(1, int(pairs))):
+        sides = [("baseline", [])] + ([(variant, candidates)] if variant != "baseline" else [])
+        order += [(name, cands, p) for name, cands in (sides if p % 2 == 0 else sides[::-1])]
+    rows, docs, status = [], [], "ok"
+    n_gpus = int(tp) if engine["device"] == "cuda" else 0
+    # On GPUs the job leases tp concrete devices for its whole life (kb_nano.gpus): the
+    # engine sees only those; a killed job frees them.
+    with (
+        gpus.lease(n_gpus, Path.cwd() / "results/.locks", float(engine["timeout_s"])) as gpu_ids,
+        open(log_path, "w") as job_log,
+    ):
+        for name, cands, p in order:
+            run_log = runs_dir / f"{name}.pair{p}.log"
+            row, doc = _run_once(model, tp, w, name, cands, engine, gpu_ids, run_log)
+            row.update(pair=p, vllm_json=str(vllm_json))
+            rows.append(row)
+            docs.append({"variant": name, "pair": p, **doc})
+            status = row["status"]
+            print(f"{name} pair {p}: {status} (log: {run_log})", file=job_log, flush=True)
+            if status != "ok":
+                break
+    atomic_write_text(Path(vllm_json), json.dumps({"runs": docs}, indent=1) + "\n")
+    write_table(e2e_table(rows), Path(output))
+    return status
+
+
+def _run_once(model, tp, w: Workload, variant: str, candidates: list[dict], engine: dict, gpu_ids, log_path: Path):
+    """One engine run of ``variant`` -> ``(row fields, {"status", "error", "log", "vllm"})``."""
     t0 = time.perf_counter()
     status = error = None
     result: dict = {}
@@ -174,14 +212,10 @@ def run(
         calls_dir = Path(tmp) / "calls"
         calls_dir.mkdir()
         env = job_env([{"id": c["id"], "path": c["path"]} for c in candidates], str(calls_dir), engine["device"])
-        env["VLLM_RPC_BASE_PATH"] = tmp  # vLLM's ZMQ socket files: gone with the job's temp dir
-        # On GPUs the job leases tp concrete devices for its whole life (kb_nano.gpus): the
-        # engine sees only those; a killed job frees them.
-        n_gpus = int(tp) if engine["device"] == "cuda" else 0
-        with gpus.lease(n_gpus, Path.cwd() / "results/.locks", float(engine["timeout_s"])) as gpu_ids:
-            if gpu_ids:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
-            code = _run_bench(model, tp, w, engine, env, bench_json, log_path)
+        env["VLLM_RPC_BASE_PATH"] = tmp  # vLLM's ZMQ socket files: gone with the run's temp dir
+        if gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+        code = _run_bench(model, tp, w, engine, env, bench_json, log_path)
         calls, cand_error = _evidence(calls_dir)
         log_text = log_path.read_text(errors="replace")
         if code == 0 and bench_json.is_file():
@@ -198,11 +232,7 @@ def run(
             error = f"benchmark killed by signal {signal.Signals(-code).name}"
         else:
             status = "engine_error"
-            what = (
-                "the vLLM server"
-                if w.kind == "serve" and _SERVER_DIED in log_path.read_text(errors="replace")
-                else "vLLM"
-            )
+            what = "the vLLM server" if w.kind == "serve" and _SERVER_DIED in log_text else "vLLM"
             error = f"{what} exited with status {code}: {_last_error_line(log_path)}"
         if error:
             error += f" (log: {log_path})"
@@ -224,7 +254,6 @@ def run(
         status=status,
         error=error,
         log_path=str(log_path),
-        vllm_json=str(vllm_json),
         **(metrics(w.kind, result, log_text) if status == "ok" else {}),
         dtype=str(engine["dtype"]),
         max_model_len=engine.get("max_model_len"),
@@ -240,10 +269,7 @@ def run(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         wall_s=time.perf_counter() - t0,
     )
-    doc = result if status == "ok" else {"status": status, "error": error, "log": str(log_path)}
-    atomic_write_text(Path(vllm_json), json.dumps(doc, indent=4) + "\n")
-    write_table(e2e_table([row]), out)
-    return status
+    return row, {"status": status, "error": error, "log": str(log_path), "vllm": result if status == "ok" else None}
 
 
 _SERVER_DIED = "kb-nano: the vLLM server exited before it answered /health"

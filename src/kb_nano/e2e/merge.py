@@ -1,6 +1,8 @@
 """Merge Tier-2 (or Tier-3) shards into ``results/{tier}.parquet`` and its JSON
-document, with each row's speedup over the baseline of its model, TP and workload.
-Torch-free."""
+document: a shard holds one row per engine run of its job (the baseline and the candidate
+variant alternately, ``pairs`` times); the merge makes one row per variant with the
+speedup over the baseline's runs of the same pairs and its bootstrap interval.
+Torch-free (numpy for the bootstrap)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,87 @@ def e2e_speedup(row: dict, baseline: dict | None) -> float | None:
     return a / b if a and b else None
 
 
+# the metric columns a merged row takes as the median over its ok runs
+METRICS = (
+    "requests_per_s",
+    "total_tokens_per_s",
+    "output_tokens_per_s",
+    "num_requests",
+    "total_num_tokens",
+    "total_output_tokens",
+    "elapsed_s",
+    *(f"p{q}_latency_ms" for q in (10, 25, 50, 75, 90, 99)),
+    "avg_latency_ms",
+    *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "p50", "p90", "p99")),
+    "failed_requests",
+)
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def bootstrap_interval(ratios: list[float], level: float = 0.95) -> tuple[float | None, float | None]:
+    """Percentile bootstrap interval (Efron & Tibshirani, *An Introduction to the
+    Bootstrap*, 1993, ch. 13) of the geometric mean of ``ratios`` (the pairs' speedups):
+    the pairs are resampled with replacement :data:`BOOTSTRAP_RESAMPLES` times (fixed
+    seed, so the same pairs give the same interval). With 3 pairs it spans about their
+    lowest to highest ratio. ``(None, None)`` for fewer than 2 ratios."""
+    import numpy as np
+
+    if len(ratios) < 2:
+        return None, None
+    logs = np.log(np.asarray(ratios, dtype=float))
+    rng = np.random.default_rng(0)
+    means = rng.choice(logs, size=(BOOTSTRAP_RESAMPLES, len(logs)), replace=True).mean(axis=1)
+    lo, hi = np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return float(np.exp(lo)), float(np.exp(hi))
+
+
+def _median(values: list) -> float | int | None:
+    import statistics
+
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    m = statistics.median(values)
+    return round(m) if all(isinstance(v, int) for v in values) else float(m)
+
+
+def combine_runs(rows: list[dict]) -> list[dict]:
+    """Per-run rows (one per engine run, ``pair`` = its index in the job) -> one row per
+    model, TP, workload and variant. A variant's row is ``ok`` when all its runs were,
+    with each metric the median over them (``num_pairs`` = how many); else it is its
+    first failed run. ``speedup`` of a candidate variant: the geometric mean over the
+    pairs where both runs are ``ok`` of pair *p*'s ratio over the baseline's pair *p*
+    (:func:`e2e_speedup`), with its :func:`bootstrap_interval` and ``significant``
+    (the interval excludes 1.0); ``pair_speedups`` lists the ratios. The baseline's row
+    has speedup 1.0. Rows without a ``pair`` (``skipped``) pass through as one run."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["tp"], r["workload"], r["variant"]), []).append(r)
+    base = {k[:3]: {r.get("pair") or 0: r for r in g} for k, g in groups.items() if k[3] == "baseline"}
+    out = []
+    for key, runs in groups.items():
+        runs.sort(key=lambda r: r.get("pair") or 0)
+        ok = [r for r in runs if r["status"] == "ok"]
+        failed = next((r for r in runs if r["status"] != "ok"), None)
+        row = dict(failed or runs[0], pair=None, num_pairs=len(ok))
+        if failed is None:
+            row.update({m: _median([r.get(m) for r in ok]) for m in METRICS})
+            b = base.get(key[:3], {})
+            ratios = [e2e_speedup(r, b.get(r.get("pair") or 0)) for r in ok]
+            ratios = [x for x in ratios if x]
+            if ratios:
+                lo, hi = bootstrap_interval(ratios) if key[3] != "baseline" else (None, None)
+                row.update(
+                    speedup=geomean(ratios),
+                    speedup_ci_low=lo,
+                    speedup_ci_high=hi,
+                    significant=None if lo is None else bool(lo > 1.0 or hi < 1.0),
+                    pair_speedups=json.dumps([round(x, 6) for x in ratios]),
+                )
+        out.append(row)
+    return out
+
+
 def summarize_e2e(rows: list[dict]) -> dict:
     """Counts per status and, per variant, the geometric-mean speedup over its ok rows."""
     variants = sorted({r["variant"] for r in rows})
@@ -47,8 +130,9 @@ def merge_e2e(
     shards: list[Path], parquet_out: Path, json_out: Path, tier: str = "e2e", skipped: list[dict] | None = None
 ) -> list[dict]:
     """Merge e2e (or eval) shards into ``results/{tier}.parquet`` and a JSON document
-    ``{schema_version, tier, summary, rows}`` (both atomic), filling ``speedup`` of
-    every row from the baseline row of its model/TP/workload (:func:`e2e_speedup`).
+    ``{schema_version, tier, summary, rows}`` (both atomic): one row per model, TP,
+    workload and variant from the runs' rows (:func:`combine_runs`: medians over the
+    pairs, speedup with its bootstrap interval over them).
     ``skipped``: rows of jobs that were not run (``skipped`` status, ``error`` = why), kept
     in the result. For ``eval`` the summary adds ``per_workload`` (:func:`summarize_eval`).
     A shard that cannot be read raises ``ValueError`` naming it (delete it and rerun).
@@ -65,10 +149,7 @@ def merge_e2e(
             raise ValueError(
                 f"shard {path} is unreadable ({' '.join(str(exc).split())[:200]}); delete it and rerun"
             ) from None
-    rows += [make_e2e_row(**r) for r in skipped or []]
-    base = {(r["model"], r["tp"], r["workload"]): r for r in rows if r["variant"] == "baseline"}
-    for r in rows:
-        r["speedup"] = e2e_speedup(r, base.get((r["model"], r["tp"], r["workload"])))
+    rows = combine_runs(rows) + [make_e2e_row(**r) for r in skipped or []]
     rows.sort(key=lambda r: (r["model"], r["tp"], r["workload"], r["variant"] != "baseline", r["variant"]))
     write_table(e2e_table(rows), parquet_out)
     clean = json_rows(rows)

@@ -1,10 +1,11 @@
 """Tier-2 job planning from the ``e2e`` config section (torch-free, Snakefile parse time).
 
-A job is model × TP × workload × variant (docs/architecture.md). A variant is ``baseline`` (no
+A job is model × TP × workload × variant (docs/architecture.md); a candidate variant's
+job runs the baseline too, alternately, ``pairs`` times. A variant is ``baseline`` (no
 candidate) or a candidate set, named by its ids joined with ``+`` (``/`` -> ``.``), e.g.
 ``rms_norm.torch_fused+silu_and_mul.inplace``; the name spells the set, so editing one
-candidate reruns exactly the variants that contain it (its file is an input of those
-jobs only). ``e2e.candidates`` empty = every candidate that can run inside vLLM on the
+candidate reruns exactly the jobs of the variants that contain it (its file is an input of
+those jobs only), their baseline runs included. ``e2e.candidates`` empty = every candidate that can run inside vLLM on the
 device (:func:`kb_nano.e2e.vllm_plugin.swappable`, ``supported_devices``) and whose target a
 configured model uses, one per target: the one that passed Tier 1 fastest
 (:func:`tier1_choice`), so adding a candidate file changes nothing until Tier 1 has
@@ -264,6 +265,13 @@ def variants(root: Path, config: dict, device: str) -> list[str]:
         if cands:
             out.append(variant_name(cands))
     return out
+
+
+def job_variants(variants: list[str]) -> list[str]:
+    """The ``variant`` of each job of a model × TP × workload: the candidate variant, whose
+    job also runs the baseline (alternately, :func:`kb_nano.e2e.job.run`), or ``baseline``
+    alone when there is no candidate variant."""
+    return [v for v in variants if v != BASELINE] or [BASELINE]
 
 
 def e2e_device(config: dict) -> str:

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from kb_nano.rows import full_row, read_shards
 
-E2E_SCHEMA_VERSION = 1
+E2E_SCHEMA_VERSION = 2
 
 
 E2E_STATUSES = (
@@ -77,7 +77,16 @@ E2E_SCHEMA = pa.schema(
         ("p90_e2el_ms", pa.float64()),
         ("p99_e2el_ms", pa.float64()),
         ("failed_requests", pa.int64()),  # serve: requests vLLM's benchmark saw fail
-        ("speedup", pa.float64()),  # set by the merge: vs the baseline row of the same model/tp/workload
+        # a shard holds one row per engine run (pair = its index); the merge makes one row per
+        # variant: metrics the median over its runs, speedup the geometric mean of the pairs'
+        # ratios with a 95% bootstrap interval over the pairs (kb_nano.e2e.merge)
+        ("pair", pa.int32()),  # the run's pair index in its job (None in merged rows)
+        ("num_pairs", pa.int32()),  # merged rows: the ok runs behind the row
+        ("speedup", pa.float64()),  # set by the merge: vs the baseline runs of the same job
+        ("speedup_ci_low", pa.float64()),
+        ("speedup_ci_high", pa.float64()),
+        ("significant", pa.bool_()),  # the interval excludes 1.0
+        ("pair_speedups", pa.string()),  # JSON list: each pair's ratio, in pair order
         ("dtype", pa.string()),
         ("max_model_len", pa.int64()),
         ("enforce_eager", pa.bool_()),

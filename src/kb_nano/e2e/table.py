@@ -28,8 +28,10 @@ def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)") -> Table:
     """Table of e2e rows of one workload: model, tp, variant (the candidates, each with
     the number of forward calls the vLLM plugin counted inside the engine), status, the
     workload's metrics (throughput and serve: requests/s, total and output tokens/s;
-    latency: average and p10..p99 ms; serve: TTFT/TPOT/ITL/E2EL mean and p99 ms), speedup
-    over the baseline (:func:`kb_nano.e2e.merge.e2e_speedup`) and, if any row failed, the error."""
+    latency: average and p10..p99 ms; serve: TTFT/TPOT/ITL/E2EL mean and p99 ms; each the
+    median over the row's runs), speedup over the baseline (the geometric mean over the
+    pairs, :func:`kb_nano.e2e.merge.combine_runs`), its 95% bootstrap interval (bold when
+    it excludes 1.0), the ok pairs and, if any row failed, the error."""
     table = Table(title=title)
     kinds = {r["kind"] for r in rows}
     cols = ["model", "tp", "variant (forward calls)", "status"]
@@ -40,7 +42,7 @@ def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)") -> Table:
     serve = [(m, st) for m in ("ttft", "tpot", "itl", "e2el") for st in ("mean", "p99")]
     if "serve" in kinds:
         cols += [f"{m.upper()} {st} ms" for m, st in serve]
-    cols += ["speedup"]
+    cols += ["speedup", "95% interval", "pairs"]
     errors = any(r.get("error") for r in rows)
     if errors:
         cols += ["error"]
@@ -76,8 +78,12 @@ def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)") -> Table:
             ]
         if "serve" in kinds:
             cells += [num(r.get(f"{st}_{m}_ms"), ".1f") for m, st in serve]
-        speed = r.get("speedup")
+        speed, lo, hi = r.get("speedup"), r.get("speedup_ci_low"), r.get("speedup_ci_high")
         cells.append(num(speed, ".3f") + ("x" if speed is not None else ""))
+        interval = f"{lo:.3f}-{hi:.3f}" if lo is not None and hi is not None else "-"
+        if r.get("significant"):
+            interval = f"[bold]{interval}[/bold]"
+        cells += [interval, num(r.get("num_pairs"), "d")]
         if errors:
             cells.append(escape(r.get("error") or ""))
         table.add_row(*cells)

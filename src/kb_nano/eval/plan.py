@@ -17,12 +17,13 @@ workload                kind        vLLM settings
 Throughput workloads use ``--num-prompts`` (default 1000) and ``--random-range-ratio 0``;
 latency workloads vLLM's own defaults of ``--num-iters-warmup 10 --num-iters 30``.
 ``--smoke`` (for a CPU) divides every length by :data:`SMOKE_LENGTH_DIVISOR`, runs
-:data:`SMOKE_NUM_PROMPTS` prompts and 1 + 3 latency iterations, and appends ``.smoke``
+:data:`SMOKE_NUM_PROMPTS` prompts, 1 + 3 latency iterations and one pair of runs, and appends ``.smoke``
 to the workload names, so smoke rows never mix with real ones; the rows' workload
 parameters record the settings used.
 
-Every (model, TP, workload) is a baseline job and a candidate job (two Snakemake jobs, two
-processes, :mod:`kb_nano.e2e.job`). A TP that exceeds the device pool (``--gpu-pool``; 1 on
+Every (model, TP, workload) is one job that runs the baseline and the candidates
+alternately, ``eval.pairs`` times (:mod:`kb_nano.e2e.job`); the ratio is the geometric
+mean over the pairs with a bootstrap interval (:mod:`kb_nano.e2e.merge`). A TP that exceeds the device pool (``--gpu-pool``; 1 on
 a CPU, where vLLM runs one engine) or that does not divide the model's attention heads is
 not run: it becomes a ``skipped`` row with the reason. Torch-free (Snakefile parse time).
 """
@@ -190,8 +191,8 @@ def plan(root: Path, config: dict) -> dict:
     """The eval sweep of ``config['eval']``: ``device``, ``models`` (key -> E2EModel),
     ``workloads`` (name -> Workload), ``variants`` (``baseline`` + the candidate set),
     ``candidates`` (that set), ``model_specs`` (the models as configured),
-    ``tps`` (model key -> the TPs that run) and ``skipped`` (``[model key, tp, reason]``).
-    Raises ``KbNanoError`` for bad settings."""
+    ``tps`` (model key -> the TPs that run), ``skipped`` (``[model key, tp, reason]``)
+    and ``pairs`` (engine-run pairs per job: ``eval.pairs``, 1 with ``smoke``). Raises ``KbNanoError`` for bad settings."""
     from kb_nano.e2e.plan import BASELINE, model, variant_name
 
     ev = config["eval"]
@@ -224,4 +225,5 @@ def plan(root: Path, config: dict) -> dict:
         "tps": tps,
         "skipped": skipped,
         "max_model_len": max_model_len(works),
+        "pairs": 1 if ev.get("smoke") else int(ev["pairs"]),
     }

@@ -23,7 +23,7 @@ def eval_summary_table(summary: dict, rows: list[dict]) -> Table:
         "workload",
         "kind",
         "settings",
-        "pairs",
+        "model×TPs",
         "ratio (geomean)",
         "spread min-max",
         "p75..p25 ratio",
