@@ -16,8 +16,8 @@ import torch  # noqa: E402
 from kb_nano.candidates import CandidateError, CandidateRef, discover, file_sha256, load_class  # noqa: E402
 from kb_nano.errors import KbNanoError  # noqa: E402
 from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
+from kb_nano.kernels.manifest import generate  # noqa: E402
 from kb_nano.kernels.schema import COLUMNS, STATUSES  # noqa: E402
-from kb_nano.manifest import generate  # noqa: E402
 from kb_nano.operators.norms import RMSNorm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""kb_nano.manifest.generate on the vendored configs: ids, shapes, determinism, errors."""
+"""kb_nano.kernels.manifest.generate on the vendored configs: ids, shapes, determinism, errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import yaml  # noqa: E402
 
 from kb_nano import operators  # noqa: E402
 from kb_nano.errors import KbNanoError  # noqa: E402
-from kb_nano.manifest import (  # noqa: E402
+from kb_nano.kernels.manifest import (  # noqa: E402
     SCHEMA_VERSION,
     dumps,
     generate,
@@ -49,7 +49,7 @@ def manifest():
 
 
 def facts(key: str) -> dict:
-    from kb_nano.models import load_config, model_facts, resolve
+    from kb_nano.models.configs import load_config, model_facts, resolve
 
     ref = resolve(key, ROOT)
     return model_facts(load_config(ref, ROOT), ref)

@@ -1,4 +1,4 @@
-"""kb_nano.models: resolving model specs, loading configs, deriving facts."""
+"""kb_nano.models.configs: resolving model specs, loading configs, deriving facts."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from kb_nano.errors import KbNanoError  # noqa: E402
-from kb_nano.models import (  # noqa: E402
+from kb_nano.models.configs import (  # noqa: E402
     ModelRef,
     config_sha256,
     load_config,

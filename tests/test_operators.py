@@ -30,7 +30,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEm
 
 from kb_nano import operators  # noqa: E402
 from kb_nano.errors import KbNanoError  # noqa: E402
-from kb_nano.models import load_config, model_facts, resolve  # noqa: E402
+from kb_nano.models.configs import load_config, model_facts, resolve  # noqa: E402
 from kb_nano.operators.activations import SiluAndMul  # noqa: E402
 from kb_nano.operators.base import (  # noqa: E402
     DTYPES,

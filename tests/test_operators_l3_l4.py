@@ -27,9 +27,9 @@ from transformers.models.qwen3.modeling_qwen3 import (  # noqa: E402
 from kb_nano import operators  # noqa: E402
 from kb_nano.candidates import load_class  # noqa: E402
 from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
+from kb_nano.kernels.manifest import generate  # noqa: E402
 from kb_nano.kernels.measure import measure_once as measure  # noqa: E402
-from kb_nano.manifest import generate  # noqa: E402
-from kb_nano.models import load_config, model_facts, resolve  # noqa: E402
+from kb_nano.models.configs import load_config, model_facts, resolve  # noqa: E402
 from kb_nano.operators.base import NotApplicable, tolerance_for  # noqa: E402
 from kb_nano.operators.hf_modules import config_from_facts, hf_config  # noqa: E402
 from kb_nano.operators.layers import (  # noqa: E402

@@ -23,7 +23,7 @@ class Operator:
         category: ``norm``, ``activation``, ``positional``, ``embedding``, ...
         baseline: plain-PyTorch ``nn.Module`` with vLLM's constructor and forward signature.
         init_args: ``(facts, tp) -> dict`` constructor kwargs of the per-rank module for a
-            model (``facts`` from :func:`kb_nano.models.model_facts`); raises ``NotApplicable``.
+            model (``facts`` from :func:`kb_nano.models.configs.model_facts`); raises ``NotApplicable``.
         inputs: ``(init_args, facts, tp, num_tokens, dtype) -> list[dict]`` per-rank input
             tensor specs, each ``{name, shape, dtype, init}`` (see :func:`make_tensor`).
         traffic: ``(init_args, inputs, dtype) -> (bytes, flops)`` minimum DRAM bytes moved
