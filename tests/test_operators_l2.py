@@ -39,8 +39,8 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 
 from kb_nano import operators  # noqa: E402
 from kb_nano.kernels.compare import compare, tolerance  # noqa: E402
-from kb_nano.kernels.manifest import config_fields, dumps, generate  # noqa: E402
-from kb_nano.models.configs import load_config, model_facts, resolve  # noqa: E402
+from kb_nano.kernels.manifest import dumps, generate  # noqa: E402
+from kb_nano.models.configs import config_fields, load_config, model_facts, resolve  # noqa: E402
 from kb_nano.operators.activations import GeluAndMul  # noqa: E402
 from kb_nano.operators.attention import DEFAULT_CONTEXT_LENS, Attention  # noqa: E402
 from kb_nano.operators.base import TOLERANCES, NotApplicable, make_tensor, tolerance_for  # noqa: E402

@@ -46,8 +46,7 @@ def cmd_map(args, root: Path, base: dict) -> int:
     from rich.table import Table
 
     from kb_nano.console import make_console
-    from kb_nano.kernels.manifest import config_fields
-    from kb_nano.models.configs import load_config, model_facts, resolve
+    from kb_nano.models.configs import config_fields, load_config, model_facts, resolve
     from kb_nano.operators.base import NotApplicable
 
     specs = select_models(args.model, base["models"], root) if args.model else base["models"]

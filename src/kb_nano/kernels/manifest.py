@@ -21,7 +21,7 @@ import yaml
 from kb_nano import operators
 from kb_nano.errors import KbNanoError
 from kb_nano.files import atomic_write_text
-from kb_nano.models.configs import config_sha256, load_config, model_facts, resolve
+from kb_nano.models.configs import config_fields, config_sha256, load_config, model_facts, resolve
 from kb_nano.paths import PACKAGE_DIR
 
 SCHEMA_VERSION = 1
@@ -146,12 +146,6 @@ def _undeployable(facts: dict, tp: int) -> str | None:
     except NotApplicable as exc:
         return f"the model cannot be deployed at tp={tp} (vLLM): {exc}"
     return None
-
-
-def config_fields(ref, root: Path) -> dict:
-    """The fields of a model's config.json as a plain dict (what ``AutoConfig`` reads)."""
-    path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
-    return json.loads(path.read_text())
 
 
 def dumps(manifest: dict) -> str:
