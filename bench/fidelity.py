@@ -54,7 +54,7 @@ KERNEL_REL, KERNEL_ABS_MS, GRAPH_REL = 0.05, 0.001, 0.05
 
 def rows_of(a) -> list[tuple[dict, str]]:
     """(scenario, candidate id) pairs of the run."""
-    from kb_nano.manifest import generate
+    from kb_nano.kernels.manifest import generate
 
     manifest = generate([a.model], [1], a.num_tokens, "auto", REPO, context_lens=a.context_lens)
     out = []

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from kb_nano import operators
-from kb_nano.manifest import generate
+from kb_nano.kernels.manifest import generate
 from kb_nano.operators.base import make_tensor
 
 

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> None:
     from kb_nano import operators
     from kb_nano.candidates import load_class
-    from kb_nano.manifest import generate
+    from kb_nano.kernels.manifest import generate
     from kb_nano.operators.base import make_tensor
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

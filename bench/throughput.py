@@ -20,7 +20,7 @@ Runs the SAME (scenario, candidate) rows two ways and prints both walls and thei
    Wall = all of it, imports and module construction included.
 
 Before either, one untimed ``python -c "import torch, snakemake.api, transformers.modeling_utils,
-kb_nano.manifest"`` warms the file caches (on a fresh machine the first process to import
+kb_nano.kernels.manifest"`` warms the file caches (on a fresh machine the first process to import
 them reads them from disk, seconds each).
 
 With ``nvidia-smi``, ``nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200``
@@ -158,7 +158,8 @@ def bare_loop(root: Path, rows: list[dict]) -> tuple[float, list[dict]]:
     t0 = time.perf_counter()
     import torch
 
-    from kb_nano import candidates, manifest, operators
+    from kb_nano import candidates, operators
+    from kb_nano.kernels import manifest
     from kb_nano.operators.base import DTYPES, make_tensor
 
     # every selection's manifest (kb_nano.workflow.manifest_path; a --reuse directory may hold
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"command": shlex.join([sys.executable, *sys.argv]), "machine": machine()}
     # Both sides start from warm file caches: the first Python process on a fresh machine
     # reads torch, transformers and snakemake from disk (seconds each), whichever side it is.
-    warm = [sys.executable, "-c", "import torch, snakemake.api, transformers.modeling_utils, kb_nano.manifest"]
+    warm = [sys.executable, "-c", "import torch, snakemake.api, transformers.modeling_utils, kb_nano.kernels.manifest"]
     subprocess.run(warm, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     if args.reuse:
         root, kb_wall, kb_gpu = args.reuse.resolve(), None, None

@@ -19,8 +19,6 @@ from kb_nano.kernels.merge import summarize
 from kb_nano.kernels.schema import make_row, to_table
 from kb_nano.rows import json_rows, write_table
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def row(
     target: str,

@@ -38,7 +38,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def user_cache_dir(*parts: str) -> Path:
     """kb-nano's folder in the user's cache, ``$XDG_CACHE_HOME/kb_nano`` (default
     ``~/.cache/kb_nano``, the XDG base-directory convention), joined with ``parts``: the
-    scenario manifests (:func:`kb_nano.manifest.cached`) and the candidates' compiler
+    scenario manifests (:func:`kb_nano.kernels.manifest.cached`) and the candidates' compiler
     caches (:func:`kb_nano.kernels.pool.cache_dir`). Not created here."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base, "kb_nano", *parts)

@@ -10,9 +10,9 @@ from pathlib import Path
 from kb_nano import operators
 from kb_nano.candidates import CandidateRef, discover
 from kb_nano.errors import KbNanoError
-from kb_nano.models import INDEX_FILE, check_config_file, resolve
+from kb_nano.models.configs import INDEX_FILE, check_config_file, resolve
+from kb_nano.paths import PACKAGE_DIR
 
-PACKAGE_DIR = Path(__file__).resolve().parent
 # Harness files whose edits must rerun every kernel job (with the operator's own module).
 HARNESS_MODULES = (
     *(
@@ -51,7 +51,9 @@ HARNESS_MODULES = (
     "gpus.py",
     "operators/base.py",
 )
-MANIFEST_MODULES = ("models.py", "manifest.py", "operators/__init__.py", "operators/base.py")
+MANIFEST_MODULES = ("models/configs.py", "kernels/manifest.py", "operators/__init__.py", "operators/base.py")
+# Golden-tensor files a kernel job of a golden target reads through (with the harness modules).
+GOLDEN_MODULES = ("models/golden_inputs.py", "models/golden.py")
 
 
 def check_config(config: dict) -> None:
@@ -103,7 +105,7 @@ def model_config_files(root: Path, config: dict) -> list[str]:
 
 
 def model_refs(root: Path, config: dict) -> dict:
-    """Model key -> :class:`kb_nano.models.ModelRef` of every configured model (the
+    """Model key -> :class:`kb_nano.models.configs.ModelRef` of every configured model (the
     ``capture_golden`` rule maps its ``{model}`` wildcard through it)."""
     return {ref.key: ref for ref in (resolve(spec, root) for spec in config["models"])}
 
@@ -113,7 +115,7 @@ def golden_param(root: Path, scenario: dict, config: dict) -> dict | None:
     ``{"path": sidecar, "sha256": digest of the tensors}`` (a new capture changes the digest
     and so reruns the job), or None: operator without golden data, ``use_golden: false``,
     or nothing captured for the model (``kb_nano capture-golden``)."""
-    from kb_nano.golden import GOLDEN_TARGETS, sidecar_path
+    from kb_nano.models.golden import GOLDEN_TARGETS, sidecar_path
 
     if not config.get("use_golden", True) or scenario["target"] not in GOLDEN_TARGETS:
         return None
@@ -133,7 +135,7 @@ def _sidecar(path: Path) -> dict | None:
 
 @functools.lru_cache(maxsize=256)
 def _sidecar_at(path: Path, mtime_ns: int) -> dict | None:
-    from kb_nano.golden import read_sidecar
+    from kb_nano.models.golden import read_sidecar
 
     return read_sidecar(path)
 
@@ -172,9 +174,9 @@ def harness_files(target: str) -> list[str]:
     """Library files a kernel job of ``target`` depends on (absolute paths of the
     installed package): editing one reruns those jobs."""
     module = operators.CATALOG[target].module.split(".")[-1]
-    from kb_nano.golden import GOLDEN_TARGETS
+    from kb_nano.models.golden import GOLDEN_TARGETS
 
-    files = [*HARNESS_MODULES, f"operators/{module}.py", *(["golden.py"] if target in GOLDEN_TARGETS else [])]
+    files = [*HARNESS_MODULES, f"operators/{module}.py", *(GOLDEN_MODULES if target in GOLDEN_TARGETS else ())]
     return [str(PACKAGE_DIR / f) for f in files]
 
 
@@ -215,14 +217,14 @@ def manifest_path(config: dict) -> str:
 
 
 def manifest(root: Path, config: dict, path: Path) -> tuple[dict, bool]:
-    """The scenario manifest of ``config`` at parse time (:func:`kb_nano.manifest.cached`)
+    """The scenario manifest of ``config`` at parse time (:func:`kb_nano.kernels.manifest.cached`)
     at ``path`` (:func:`manifest_path`), of the operators ``targets`` and ``categories``
     select (all when neither is set): read from ``path`` when its inputs (the
     :func:`manifest_params`, the models' config.json files, the operators' shape code)
     are unchanged, else copied from the user cache or regenerated. Returns ``(manifest,
     how)``: ``how`` None (read from ``path``), ``"cache"`` or ``"generated"``. Raises
     ``KbNanoError``."""
-    from kb_nano.manifest import cached
+    from kb_nano.kernels.manifest import cached
 
     files = [root / f for f in model_config_files(root, config)] + [Path(f) for f in manifest_code_files()]
     return cached(root / path, root, manifest_params(config), files)
@@ -288,7 +290,7 @@ def settings(config: dict) -> dict:
 def golden_settings(config: dict) -> dict:
     """The ``golden`` config block with defaults: ``num_layers`` (decoder layers kept,
     0 = all) and ``weights`` (model key -> directory of local weights)."""
-    from kb_nano.golden import DEFAULT_NUM_LAYERS
+    from kb_nano.models.golden import DEFAULT_NUM_LAYERS
 
     block = config.get("golden") or {}
     return {"num_layers": int(block.get("num_layers", DEFAULT_NUM_LAYERS)), "weights": dict(block.get("weights") or {})}

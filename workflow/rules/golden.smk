@@ -8,7 +8,7 @@ rule capture_golden:
         prompts="config/golden/prompts.yaml",
         code=[
             str(kbw.PACKAGE_DIR / f)
-            for f in ("golden.py", "operators/layers.py", "models.py")
+            for f in ("models/golden.py", "operators/layers.py", "models/configs.py")
         ],
     output:
         directory("results/golden/{model}"),

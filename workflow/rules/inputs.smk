@@ -8,7 +8,7 @@ try:
 except KbNanoError as exc:
     raise WorkflowError(f"kb-nano: {exc}") from None
 if _how is not None:
-    from kb_nano.manifest import written_note
+    from kb_nano.kernels.manifest import written_note
 
     logger.info(written_note(MANIFEST, MANIFEST_DATA, _how))
 SCENARIOS = {s["scenario_id"]: s for s in MANIFEST_DATA["scenarios"]}

@@ -1,4 +1,4 @@
-"""Snakemake adapter: capture the golden tensors of one model (see kb_nano.golden)."""
+"""Snakemake adapter: capture the golden tensors of one model (see kb_nano.models.golden)."""
 
 import hashlib
 import json
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from kb_nano.errors import KbNanoError
-from kb_nano.golden import capture
+from kb_nano.models.golden import capture
 
 with open(snakemake.log[0], "w") as log:
     model = snakemake.wildcards.model

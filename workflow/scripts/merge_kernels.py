@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
+from kb_nano.kernels.manifest import load
 from kb_nano.kernels.merge import merge
 from kb_nano.kernels.signing import key
-from kb_nano.manifest import load
 
 scenarios = {s["scenario_id"]: s for s in load(Path(snakemake.input.manifest))["scenarios"]}
 not_applicable = [(scenarios[sid], cid) for sid, cid in snakemake.params.not_applicable]

@@ -54,7 +54,7 @@ def select_models(requested: list[str], configured: list[str], root: Path) -> li
     """Model specs for a run: each requested value keeps the configured models whose key
     starts with it (``llama31`` -> ``llama31-8b``); a value matching none is resolved on
     its own (key, vendored Hub id or path). Raises ``KbNanoError`` for an unknown model."""
-    from kb_nano.models import resolve
+    from kb_nano.models.configs import resolve
 
     keys = {spec: resolve(spec, root).key for spec in configured}
     chosen: list[str] = []

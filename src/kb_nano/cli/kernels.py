@@ -46,8 +46,7 @@ def cmd_map(args, root: Path, base: dict) -> int:
     from rich.table import Table
 
     from kb_nano.console import make_console
-    from kb_nano.manifest import config_fields
-    from kb_nano.models import load_config, model_facts, resolve
+    from kb_nano.models.configs import config_fields, load_config, model_facts, resolve
     from kb_nano.operators.base import NotApplicable
 
     specs = select_models(args.model, base["models"], root) if args.model else base["models"]
@@ -135,7 +134,7 @@ def start_manifest(root: Path, effective: dict) -> None:
     Snakefile's parse waits for the file under the manifest's lock and reads it. A
     failure here is left to that parse, which reports it."""
 
-    from kb_nano.manifest import written_note
+    from kb_nano.kernels.manifest import written_note
 
     def run() -> None:
         with contextlib.suppress(Exception):
@@ -162,7 +161,7 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
     args.dry_run = dry_run
     if code != 0 or args.dry_run:
         return code
-    from kb_nano.manifest import load
+    from kb_nano.kernels.manifest import load
 
     path = root / kbw.manifest_path(effective)
     manifest = load(path)
@@ -177,8 +176,8 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
 def cmd_capture_golden(args, passthrough: list[str]) -> int:
     """``kb_nano capture-golden``: build ``results/golden/{model}`` for each model (the
     ``capture_golden`` rule) and summarise the sidecars."""
-    from kb_nano.golden import GOLDEN_DIR
-    from kb_nano.models import resolve
+    from kb_nano.models.configs import resolve
+    from kb_nano.models.golden import GOLDEN_DIR
     from kb_nano.workflow import golden_settings
 
     root = find_workflow_root()

@@ -22,7 +22,7 @@ from pathlib import Path
 from kb_nano.candidates import CandidateRef, discover
 from kb_nano.e2e.workloads import Workload, from_dict
 from kb_nano.errors import KbNanoError
-from kb_nano.models import resolve
+from kb_nano.models.configs import resolve
 
 BASELINE = "baseline"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -104,7 +104,7 @@ def used_targets(root: Path, model_specs: list[str]) -> set[str]:
     model's config facts; e.g. ``gelu_and_mul`` only for GeGLU models). Loads the configs
     with transformers (called only when e2e jobs are planned, not at every parse)."""
     from kb_nano import operators
-    from kb_nano.models import load_config, model_facts
+    from kb_nano.models.configs import load_config, model_facts
 
     used: set[str] = set()
     for spec in model_specs:

@@ -1,5 +1,9 @@
 """Tier 1: one operator in isolation, a candidate against the baseline.
 
+The plan is the scenario manifest (:mod:`~kb_nano.kernels.manifest`: operator x model x TP
+x num_tokens, generated from the model configs at parse time); the other modules are the
+engine that measures one scenario, and its rows' schema, merge and table.
+
 A kernel job (:mod:`~kb_nano.kernels.job`, in the Snakemake process) hands its scenario to
 the judge process of its device (:mod:`~kb_nano.kernels.judge_process`), which measures it
 (:mod:`~kb_nano.kernels.measure`, :mod:`~kb_nano.kernels.judge`) with two kinds of worker

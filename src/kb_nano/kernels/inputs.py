@@ -78,7 +78,7 @@ def make_inputs(scenario: dict, generator: torch.Generator, device: str, golden:
 
     With ``golden`` (the job's ``{"path", "sha256"}`` param, see
     :func:`kb_nano.workflow.golden_param`) the inputs the capture provides come from it
-    (:func:`kb_nano.golden.golden_inputs`; ``draw`` 0 or 1 picks another layer/prompt) and
+    (:func:`kb_nano.models.golden_inputs.golden_inputs`; ``draw`` 0 or 1 picks another layer/prompt) and
     the rest are seeded random: source ``"golden"``. Without it, or when the capture does
     not cover the scenario (the reason is printed to the job log), all inputs are seeded
     random from ``generator``: source ``"random"``. Random values are drawn on
@@ -87,7 +87,7 @@ def make_inputs(scenario: dict, generator: torch.Generator, device: str, golden:
     """
     provided: dict = {}
     if golden:
-        from kb_nano.golden import GoldenMismatch, golden_inputs
+        from kb_nano.models.golden_inputs import GoldenMismatch, golden_inputs
 
         try:
             provided = golden_inputs(scenario, golden, root, device, draw)

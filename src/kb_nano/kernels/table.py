@@ -60,7 +60,7 @@ def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
     candidate median ms ± IQR (ms), speedup (baseline median / candidate median), its
     95% rerun interval (:func:`kb_nano.kernels.timing.speedup_interval`), and the error, or notes: a roofline "REVIEW" flag,
     "not significant" when the interval contains 1.0, CUDA-graph replay times when
-    measured, "golden inputs" (captured tensors, see :mod:`kb_nano.golden`) and a "noisy"
+    measured, "golden inputs" (captured tensors, see :mod:`kb_nano.models.golden`) and a "noisy"
     flag when an IQR exceeds 25% of its median."""
     table = Table(title=title, show_lines=False)
     for col, justify in (

@@ -23,7 +23,7 @@ class Operator:
         category: ``norm``, ``activation``, ``positional``, ``embedding``, ...
         baseline: plain-PyTorch ``nn.Module`` with vLLM's constructor and forward signature.
         init_args: ``(facts, tp) -> dict`` constructor kwargs of the per-rank module for a
-            model (``facts`` from :func:`kb_nano.models.model_facts`); raises ``NotApplicable``.
+            model (``facts`` from :func:`kb_nano.models.configs.model_facts`); raises ``NotApplicable``.
         inputs: ``(init_args, facts, tp, num_tokens, dtype) -> list[dict]`` per-rank input
             tensor specs, each ``{name, shape, dtype, init}`` (see :func:`make_tensor`).
         traffic: ``(init_args, inputs, dtype) -> (bytes, flops)`` minimum DRAM bytes moved
@@ -76,7 +76,7 @@ class Operator:
 #   (the weight multiply of a norm) can widen that to two ulps. vLLM's tests compare one
 #   call with rtol 1e-2; kb-nano compares every element of every timed call (millions),
 #   where the two-ulp case does come up (an honest numba rms_norm: 1 of 3,276,800
-#   elements at 1.6 % relative, `tests/test_adversarial.py`).
+#   elements at 1.6 % relative, `tests/kernels/test_adversarial.py`).
 # - gemm: one long fp32-accumulated dot product rounded once (lm_head): the same bf16/fp16
 #   bounds, fp32 1e-4 because the reduction order over K = hidden_size terms is free.
 # - fused: blocks that round intermediates to the model dtype and then reduce over them

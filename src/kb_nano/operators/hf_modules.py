@@ -18,7 +18,7 @@ SHARDED_WIDTHS = ("intermediate_size", "moe_intermediate_size", "shared_expert_i
 
 
 def config_from_facts(facts: dict) -> dict:
-    """config.json-style fields rebuilt from kb-nano facts (:func:`kb_nano.models.model_facts`).
+    """config.json-style fields rebuilt from kb-nano facts (:func:`kb_nano.models.configs.model_facts`).
 
     Only a fallback for callers holding facts without ``hf_config`` (``kernels --map``, unit
     tests): fields kb-nano does not track take the defaults of the architecture's config

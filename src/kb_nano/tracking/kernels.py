@@ -138,7 +138,7 @@ def log_kernels(
     manifest file with another one was rewritten by a concurrent invocation (the Snakefile
     computes it while parsing, before Snakemake's lock), and logging it would attach the
     wrong provenance: raises ``KbNanoError`` instead."""
-    from kb_nano.manifest import load as load_manifest
+    from kb_nano.kernels.manifest import load as load_manifest
 
     if manifest_digest is not None and load_manifest(manifest).get("inputs_digest") != manifest_digest:
         raise KbNanoError(

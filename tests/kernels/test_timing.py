@@ -1,5 +1,5 @@
 """Timing statistics, the anti-cheat rule functions and the roofline review, on synthetic
-data and real CPU calls (the CUDA paths run on a GPU host: tests/test_adversarial.py
+data and real CPU calls (the CUDA paths run on a GPU host: tests/kernels/test_adversarial.py
 --device cuda, bench/fidelity.py)."""
 
 from __future__ import annotations

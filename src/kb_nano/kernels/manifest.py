@@ -1,5 +1,5 @@
-"""The scenario manifest: operator × model × TP × num_tokens, one file per selection
-(``results/inputs/llm-<selection>.yaml``, :func:`kb_nano.workflow.manifest_path`).
+"""The scenario manifest, Tier 1's plan: operator × model × TP × num_tokens, one file per
+selection (``results/inputs/llm-<selection>.yaml``, :func:`kb_nano.workflow.manifest_path`).
 
 Generated from the configured models by :func:`generate`; written byte-identically for
 the same inputs by :func:`write`, in JSON syntax (valid YAML) with one scenario per line,
@@ -21,7 +21,8 @@ import yaml
 from kb_nano import operators
 from kb_nano.errors import KbNanoError
 from kb_nano.files import atomic_write_text
-from kb_nano.models import config_sha256, load_config, model_facts, resolve
+from kb_nano.models.configs import config_fields, config_sha256, load_config, model_facts, resolve
+from kb_nano.paths import PACKAGE_DIR
 
 SCHEMA_VERSION = 1
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -42,7 +43,7 @@ def generate(
     context_lens: list[int] | None = None,
     targets: list[str] | None = None,
 ) -> dict:
-    """Build the manifest for ``models`` (specs, see :func:`kb_nano.models.resolve`) ×
+    """Build the manifest for ``models`` (specs, see :func:`kb_nano.models.configs.resolve`) ×
     ``tps`` × ``num_tokens`` × every registered operator (or the operators named in
     ``targets``, in registry order) × its variants.
 
@@ -147,12 +148,6 @@ def _undeployable(facts: dict, tp: int) -> str | None:
     return None
 
 
-def config_fields(ref, root: Path) -> dict:
-    """The fields of a model's config.json as a plain dict (what ``AutoConfig`` reads)."""
-    path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
-    return json.loads(path.read_text())
-
-
 def dumps(manifest: dict) -> str:
     """Serialise deterministically (key order as built): JSON, which is also YAML, with the
     header fields indented and one scenario per line (readable and grep-able; parses ~30x
@@ -231,11 +226,10 @@ def inputs_digest(params: dict, files: list[Path], root: Path | None = None) -> 
     except metadata.PackageNotFoundError:
         transformers = None
     h = hashlib.sha256(json.dumps({**params, "transformers": transformers}, sort_keys=True).encode())
-    package = Path(__file__).resolve().parent
     for f in files:
         f = Path(f)
         name = str(f)
-        for base in ([Path(root).resolve()] if root is not None else []) + [package]:
+        for base in ([Path(root).resolve()] if root is not None else []) + [PACKAGE_DIR]:
             with contextlib.suppress(ValueError):
                 name = str(f.resolve().relative_to(base))
                 break

@@ -28,7 +28,7 @@ from kb_nano.rows import write_table
 HAVE_VLLM = __import__("importlib").util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM not installed (pip install -e '.[e2e]')")
 TINY = "config/models/kb-nano/tiny-llama"
-TEST_CANDS = Path(__file__).resolve().parent / "e2e_candidates"
+TEST_CANDS = Path(__file__).resolve().parent / "candidates"
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -250,7 +250,7 @@ def _greedy(tmp_path: Path, name: str, candidates: list[dict]) -> tuple[list, di
         ENV_CALLS_DIR: str(calls),
     }
     proc = subprocess.run(
-        [sys.executable, str(REPO / "tests/vllm_greedy.py"), str(out)],
+        [sys.executable, str(REPO / "tests/e2e/vllm_greedy.py"), str(out)],
         env=env,
         capture_output=True,
         text=True,

@@ -1,20 +1,18 @@
-"""kb_nano.models: resolving model specs, loading configs, deriving facts."""
+"""kb_nano.models.configs: resolving model specs, loading configs, deriving facts."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import pytest
+from workflow_helpers import REPO
 
-import pytest  # noqa: E402
-
-from kb_nano.errors import KbNanoError  # noqa: E402
-from kb_nano.models import (  # noqa: E402
+from kb_nano.errors import KbNanoError
+from kb_nano.models.configs import (
     ModelRef,
     config_sha256,
     load_config,
@@ -24,8 +22,7 @@ from kb_nano.models import (  # noqa: E402
     slug,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-QWEN3_JSON = ROOT / "config/models/Qwen/Qwen3-8B/config.json"
+QWEN3_JSON = REPO / "config/models/Qwen/Qwen3-8B/config.json"
 
 
 def one_line_error(excinfo) -> str:
@@ -37,7 +34,7 @@ def one_line_error(excinfo) -> str:
 def make_root(tmp_path: Path, index: str | None = None) -> Path:
     """A workflow root holding a copy of the real index and the vendored configs it names."""
     root = tmp_path / "root"
-    shutil.copytree(ROOT / "config/models", root / "config/models")
+    shutil.copytree(REPO / "config/models", root / "config/models")
     if index is not None:
         (root / "config/models/models.yaml").write_text(index)
     return root
@@ -47,31 +44,31 @@ def make_root(tmp_path: Path, index: str | None = None) -> Path:
 
 
 def test_short_key():
-    ref = resolve("llama31-8b", ROOT)
+    ref = resolve("llama31-8b", REPO)
     assert ref == ModelRef(
         "llama31-8b",
         "meta-llama/Llama-3.1-8B-Instruct",
         Path("config/models/meta-llama/Llama-3.1-8B-Instruct/config.json"),
     )
     assert not ref.config_path.is_absolute()  # portable in the manifest
-    assert (ROOT / ref.config_path).is_file()
+    assert (REPO / ref.config_path).is_file()
 
 
 def test_every_index_key_resolves():
-    for key, hub in load_index(ROOT).items():
-        ref = resolve(key, ROOT)
+    for key, hub in load_index(REPO).items():
+        ref = resolve(key, REPO)
         assert (ref.key, ref.hub_id) == (key, hub)
 
 
 def test_unique_prefix():
-    assert resolve("llama32", ROOT).key == "llama32-1b"
-    assert resolve("mixtral", ROOT).key == "mixtral-8x7b"
-    assert resolve("qwen3-3", ROOT).key == "qwen3-30b-a3b"
+    assert resolve("llama32", REPO).key == "llama32-1b"
+    assert resolve("mixtral", REPO).key == "mixtral-8x7b"
+    assert resolve("qwen3-3", REPO).key == "qwen3-30b-a3b"
 
 
 def test_exact_key_wins_over_prefix():
     # "qwen3-8b" is a key and no other key starts with it; "qwen3" is a prefix of two
-    assert resolve("qwen3-8b", ROOT).key == "qwen3-8b"
+    assert resolve("qwen3-8b", REPO).key == "qwen3-8b"
 
 
 @pytest.mark.parametrize(
@@ -84,14 +81,14 @@ def test_exact_key_wins_over_prefix():
 )
 def test_ambiguous_prefix(spec, matches):
     with pytest.raises(KbNanoError) as exc:
-        resolve(spec, ROOT)
+        resolve(spec, REPO)
     msg = one_line_error(exc)
     assert "ambiguous" in msg and repr(spec) in msg
     assert ", ".join(matches) in msg
 
 
 def test_vendored_hub_id_in_index():
-    ref = resolve("Qwen/Qwen3-8B", ROOT)
+    ref = resolve("Qwen/Qwen3-8B", REPO)
     assert (ref.key, ref.hub_id) == ("qwen3-8b", "Qwen/Qwen3-8B")
     assert ref.config_path == Path("config/models/Qwen/Qwen3-8B/config.json")
 
@@ -112,23 +109,23 @@ def test_local_directory(tmp_path):
     d = tmp_path / "My_Model-7B"
     d.mkdir()
     shutil.copy(QWEN3_JSON, d / "config.json")
-    ref = resolve(str(d), ROOT)
+    ref = resolve(str(d), REPO)
     assert ref == ModelRef("my-model-7b", None, d / "config.json")
-    assert load_config(ref, ROOT).hidden_size == 4096
+    assert load_config(ref, REPO).hidden_size == 4096
 
 
 def test_config_json_path(tmp_path):
     d = tmp_path / "Some.Model"
     d.mkdir()
     shutil.copy(QWEN3_JSON, d / "config.json")
-    ref = resolve(str(d / "config.json"), ROOT)
+    ref = resolve(str(d / "config.json"), REPO)
     assert ref == ModelRef("some.model", None, d / "config.json")
     # a json file of another name: the key comes from the file name
     other = tmp_path / "qwen-variant.json"
     shutil.copy(QWEN3_JSON, other)
-    ref = resolve(str(other), ROOT)
+    ref = resolve(str(other), REPO)
     assert ref == ModelRef("qwen-variant", None, other)
-    assert load_config(ref, ROOT).model_type == "qwen3"
+    assert load_config(ref, REPO).model_type == "qwen3"
 
 
 def test_relative_path_is_relative_to_the_root(tmp_path, monkeypatch):
@@ -156,14 +153,14 @@ def test_relative_path_is_relative_to_the_root(tmp_path, monkeypatch):
 
 def test_directory_without_config_json_is_unknown(tmp_path):
     with pytest.raises(KbNanoError) as exc:
-        resolve(str(tmp_path), ROOT)
+        resolve(str(tmp_path), REPO)
     assert str(tmp_path) in one_line_error(exc)
 
 
 @pytest.mark.parametrize("spec", ["gpt5", "meta-llama/Nope", "no/such/config.json"])
 def test_unknown_model(spec):
     with pytest.raises(KbNanoError) as exc:
-        resolve(spec, ROOT)
+        resolve(spec, REPO)
     msg = one_line_error(exc)
     assert msg.startswith(f"unknown model {spec!r}")
     assert "llama31-8b" in msg and "config.json" in msg  # the accepted forms
@@ -214,9 +211,9 @@ def test_load_config_malformed_json(tmp_path):
     d = tmp_path / "broken"
     d.mkdir()
     (d / "config.json").write_text('{"model_type": "llama", "hidden_size": \n')
-    ref = resolve(str(d), ROOT)
+    ref = resolve(str(d), REPO)
     with pytest.raises(KbNanoError) as exc:
-        load_config(ref, ROOT)
+        load_config(ref, REPO)
     msg = one_line_error(exc)
     assert str(d / "config.json") in msg and "not a loadable" in msg
 
@@ -225,21 +222,21 @@ def test_load_config_unknown_model_type(tmp_path):
     path = tmp_path / "weird.json"
     path.write_text(json.dumps({"model_type": "no-such-architecture", "hidden_size": 8}))
     with pytest.raises(KbNanoError) as exc:
-        load_config(resolve(str(path), ROOT), ROOT)
+        load_config(resolve(str(path), REPO), REPO)
     assert str(path) in one_line_error(exc)
 
 
 def test_config_sha256():
-    ref = resolve("qwen3-8b", ROOT)
-    assert config_sha256(ref, ROOT) == hashlib.sha256(QWEN3_JSON.read_bytes()).hexdigest()
+    ref = resolve("qwen3-8b", REPO)
+    assert config_sha256(ref, REPO) == hashlib.sha256(QWEN3_JSON.read_bytes()).hexdigest()
 
 
 # --------------------------------------------------------------------------- model_facts
 
 
 def facts(key):
-    ref = resolve(key, ROOT)
-    return model_facts(load_config(ref, ROOT), ref)
+    ref = resolve(key, REPO)
+    return model_facts(load_config(ref, REPO), ref)
 
 
 def test_facts_llama31_8b():
@@ -286,17 +283,17 @@ def test_facts_dtype_defaults_to_bfloat16(tmp_path):
     del raw["torch_dtype"]
     (tmp_path / "config.json").write_text(json.dumps(raw))
     assert (
-        model_facts(load_config(resolve(str(tmp_path), ROOT), ROOT), resolve(str(tmp_path), ROOT))["dtype"]
+        model_facts(load_config(resolve(str(tmp_path), REPO), REPO), resolve(str(tmp_path), REPO))["dtype"]
         == "bfloat16"
     )
 
 
 @pytest.mark.parametrize("field", ["intermediate_size", "rms_norm_eps", "vocab_size", "hidden_size"])
 def test_facts_missing_field(field):
-    ref = resolve("llama31-8b", ROOT)
+    ref = resolve("llama31-8b", REPO)
     # transformers 5 configs are strict dataclasses (no None for an int field): use a
     # plain stand-in with the same attributes, less one.
-    attrs = load_config(ref, ROOT).to_dict()
+    attrs = load_config(ref, REPO).to_dict()
     assert model_facts(SimpleNamespace(**attrs), ref) == facts("llama31-8b")
     del attrs[field]
     config = SimpleNamespace(**attrs)
@@ -310,9 +307,9 @@ def test_facts_config_without_rms_norm_eps(tmp_path):
     # a LayerNorm architecture (GPT-2 style) lacks rms_norm_eps: named, not a crash
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2}))
-    ref = resolve(str(tmp_path), ROOT)
+    ref = resolve(str(tmp_path), REPO)
     with pytest.raises(KbNanoError) as exc:
-        model_facts(load_config(ref, ROOT), ref)
+        model_facts(load_config(ref, REPO), ref)
     assert "is missing" in one_line_error(exc)
 
 
@@ -323,7 +320,7 @@ def test_a_mistyped_target_or_model_gets_a_suggestion():
     with pytest.raises(KbNanoError, match=r"unknown target 'silu_mul' \(did you mean 'silu_and_mul'\?\)"):
         operators.check_target("silu_mul")
     with pytest.raises(KbNanoError, match=r"unknown model 'lama31-8b' \(did you mean 'llama31-8b'\?\)"):
-        resolve("lama31-8b", ROOT)
+        resolve("lama31-8b", REPO)
     with pytest.raises(KbNanoError) as exc:
-        resolve("zzz", ROOT)
+        resolve("zzz", REPO)
     assert "did you mean" not in str(exc.value)

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import textwrap
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import pytest
+import torch
+from workflow_helpers import REPO
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+from kb_nano.candidates import CandidateError, CandidateRef, discover, file_sha256, load_class
+from kb_nano.errors import KbNanoError
+from kb_nano.kernels.inputs import randomize_constant_parameters
+from kb_nano.kernels.manifest import generate
+from kb_nano.kernels.schema import COLUMNS, STATUSES
+from kb_nano.operators.norms import RMSNorm
 
-from kb_nano.candidates import CandidateError, CandidateRef, discover, file_sha256, load_class  # noqa: E402
-from kb_nano.errors import KbNanoError  # noqa: E402
-from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
-from kb_nano.kernels.schema import COLUMNS, STATUSES  # noqa: E402
-from kb_nano.manifest import generate  # noqa: E402
-from kb_nano.operators.norms import RMSNorm  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 _POOL: dict = {}
 
 
@@ -115,7 +112,7 @@ def scenarios(tmp_path_factory) -> dict:
         tiny_more.append(str(path))
     out = {}
     for models in (["llama32-1b"], [str(tiny), *tiny_more]):
-        manifest = generate(models, [1, 2], [4], "auto", ROOT)
+        manifest = generate(models, [1, 2], [4], "auto", REPO)
         out.update({s["scenario_id"]: s for s in manifest["scenarios"]})
     return out
 
@@ -194,9 +191,9 @@ def test_discover_bad_file_name(tmp_path, name):
 
 
 def test_discover_repo_candidates():
-    found = discover(ROOT)
+    found = discover(REPO)
     assert found, "the repo ships candidates"
-    assert all((ROOT / c.path).is_file() and c.id == f"{c.target}/{c.name}" for c in found)
+    assert all((REPO / c.path).is_file() and c.id == f"{c.target}/{c.name}" for c in found)
 
 
 # --------------------------------------------------------------------------- load_class
@@ -551,11 +548,11 @@ def test_repo_candidates_pass_or_skip_on_cpu(tmp_path, scenarios, settings):
         for s in scenarios.values():
             if s["applicable"] and s["tp"] == tp and s["model"] != "llama32-1b":
                 small.setdefault(s["target"], s)
-    for ref in discover(ROOT):
-        cls = load_class(ROOT / ref.path, ref.target)
+    for ref in discover(REPO):
+        cls = load_class(REPO / ref.path, ref.target)
         # judged with the tolerances a user gets: each operator's own (rotary's allows the
         # baseline's rounding of x1*cos - x2*sin, see kb_nano.operators.base.TOLERANCES)
-        row = measure(small[ref.target], ref.id, ROOT / ref.path, {**settings, "atol": None, "rtol": None}, tmp_path)
+        row = measure(small[ref.target], ref.id, REPO / ref.path, {**settings, "atol": None, "rtol": None}, tmp_path)
         cpu_ok = "cpu" in tuple(getattr(cls, "supported_devices", ("cpu", "cuda")))
         check_row(row, "passed" if cpu_ok else "skipped", ref.id)
 
@@ -576,8 +573,8 @@ def test_randomize_constant_parameters():
     assert torch.equal(lin.weight, before)
 
 
-# Adversarial candidates (caching, patching the baseline or torch, ...): tests/adversarial/ and
-# tests/test_adversarial.py.
+# Adversarial candidates (caching, patching the baseline or torch, ...): tests/kernels/adversarial/ and
+# tests/kernels/test_adversarial.py.
 
 
 def test_one_tuple_for_a_tensor_is_incorrect_shape(tmp_path, scenarios, settings):

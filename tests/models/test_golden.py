@@ -1,4 +1,4 @@
-"""Golden-tensor capture (kb_nano.golden) and kernel scenarios that read it."""
+"""Golden-tensor capture (kb_nano.models.golden) and kernel scenarios that read it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import save_file
 from workflow_helpers import REPO, copy_workflow, kb_nano
 
-from kb_nano.golden import GoldenMismatch, capture, golden_inputs
+from kb_nano.models.golden import capture
+from kb_nano.models.golden_inputs import GoldenMismatch, golden_inputs
 from kb_nano.operators.attention import Attention
 from kb_nano.operators.base import normal
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from workflow_helpers import REPO
 
 from kb_nano.kernels.schema import SCHEMA_VERSION
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = {
     "models": ["llama32-1b"],
     "num_tokens": [1, 16],

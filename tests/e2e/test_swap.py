@@ -3,32 +3,28 @@ warnings, the active module map, weights carried over, outputs unchanged."""
 
 from __future__ import annotations
 
-import os
 import warnings
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from workflow_helpers import REPO
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from kb_nano import operators
+from kb_nano.candidates import discover, load_class
+from kb_nano.e2e import swap
+from kb_nano.e2e.swap import Subsumed, SubsumptionWarning, SwapError
+from kb_nano.e2e.swap_matches import Match, active_matches
+from kb_nano.errors import KbNanoError
+from kb_nano.kernels.inputs import randomize_constant_parameters
+from kb_nano.operators.activations import SiluAndMul
+from kb_nano.operators.layers import CausalLM, DecoderLayer
+from kb_nano.operators.norms import RMSNorm
+from kb_nano.operators.rotary import RotaryEmbedding
 
-from kb_nano import operators  # noqa: E402
-from kb_nano.candidates import discover, load_class  # noqa: E402
-from kb_nano.e2e import swap  # noqa: E402
-from kb_nano.e2e.swap import Subsumed, SubsumptionWarning, SwapError  # noqa: E402
-from kb_nano.e2e.swap_matches import Match, active_matches  # noqa: E402
-from kb_nano.errors import KbNanoError  # noqa: E402
-from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
-from kb_nano.operators.activations import SiluAndMul  # noqa: E402
-from kb_nano.operators.layers import CausalLM, DecoderLayer  # noqa: E402
-from kb_nano.operators.norms import RMSNorm  # noqa: E402
-from kb_nano.operators.rotary import RotaryEmbedding  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-CANDIDATES = {c.id: c for c in discover(ROOT)}
+CANDIDATES = {c.id: c for c in discover(REPO)}
 RMS = "rms_norm/torch_fused"
 LAYER = "decoder_layer/sdpa_fused"
 MODEL = "model/sdpa"

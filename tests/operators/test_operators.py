@@ -9,53 +9,40 @@ References: transformers (``LlamaRMSNorm``, ``Qwen3RMSNorm``, ``ACT2FN``/``Llama
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from transformers import AutoConfig, LlamaConfig  # noqa: E402
-from transformers.activations import ACT2FN  # noqa: E402
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
-from transformers.models.llama.modeling_llama import (  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig, LlamaConfig
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding  # noqa: E402
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
+from workflow_helpers import REPO
 
-from kb_nano import operators  # noqa: E402
-from kb_nano.errors import KbNanoError  # noqa: E402
-from kb_nano.models import load_config, model_facts, resolve  # noqa: E402
-from kb_nano.operators.activations import SiluAndMul  # noqa: E402
-from kb_nano.operators.base import (  # noqa: E402
+from kb_nano import operators
+from kb_nano.errors import KbNanoError
+from kb_nano.models.configs import load_config, model_facts, resolve
+from kb_nano.operators.activations import SiluAndMul
+from kb_nano.operators.base import (
     DTYPES,
     NotApplicable,
     kv_heads_per_rank,
     make_tensor,
     shard,
 )
-from kb_nano.operators.embedding import VocabParallelEmbedding, pad_vocab_size  # noqa: E402
-from kb_nano.operators.norms import RMSNorm  # noqa: E402
-from kb_nano.operators.rotary import RotaryEmbedding, apply_rotary_emb  # noqa: E402
+from kb_nano.operators.embedding import VocabParallelEmbedding, pad_vocab_size
+from kb_nano.operators.norms import RMSNorm
+from kb_nano.operators.rotary import RotaryEmbedding, apply_rotary_emb
 
-ROOT = Path(__file__).resolve().parents[1]
-LLAMA31_8B_DIR = ROOT / "config/models/meta-llama/Llama-3.1-8B-Instruct"
-QWEN3_8B_DIR = ROOT / "config/models/Qwen/Qwen3-8B"
-
-_FACTS: dict = {}
-
-
-def facts_of(key: str) -> dict:
-    """kb-nano facts of a vendored model (cached: AutoConfig is not free)."""
-    if key not in _FACTS:
-        ref = resolve(key, ROOT)
-        _FACTS[key] = model_facts(load_config(ref, ROOT), ref)
-    return _FACTS[key]
+LLAMA31_8B_DIR = REPO / "config/models/meta-llama/Llama-3.1-8B-Instruct"
+QWEN3_8B_DIR = REPO / "config/models/Qwen/Qwen3-8B"
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -71,7 +58,7 @@ def randn(*shape, dtype=torch.float32, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("reference", [LlamaRMSNorm, Qwen3RMSNorm])
-def test_rms_norm_equals_transformers(reference, dtype):
+def test_rms_norm_equals_transformers(reference, dtype, facts_of):
     facts = facts_of("llama31-8b")
     args = operators.get("rms_norm").init_args(facts, 1)
     assert args == {"hidden_size": 4096, "eps": 1e-5}
@@ -193,12 +180,12 @@ ROTARY_CASES = [
     ("llama31-8b", LLAMA31_8B_DIR, LlamaRotaryEmbedding, 1),
     ("llama31-8b", LLAMA31_8B_DIR, LlamaRotaryEmbedding, 4),
     ("qwen3-8b", QWEN3_8B_DIR, Qwen3RotaryEmbedding, 1),
-    ("llama32-1b", ROOT / "config/models/meta-llama/Llama-3.2-1B-Instruct", LlamaRotaryEmbedding, 2),
+    ("llama32-1b", REPO / "config/models/meta-llama/Llama-3.2-1B-Instruct", LlamaRotaryEmbedding, 2),
 ]
 
 
 @pytest.mark.parametrize("key,directory,hf_cls,tp", ROTARY_CASES, ids=[f"{c[0]}-tp{c[3]}" for c in ROTARY_CASES])
-def test_rotary_equals_transformers_fp32(key, directory, hf_cls, tp):
+def test_rotary_equals_transformers_fp32(key, directory, hf_cls, tp, facts_of):
     facts = facts_of(key)
     op = operators.get("rotary_embedding")
     args = op.init_args(facts, tp)
@@ -221,7 +208,7 @@ def test_rotary_equals_transformers_fp32(key, directory, hf_cls, tp):
     torch.testing.assert_close(k_out, k_ref, rtol=0, atol=1e-5)
 
 
-def test_rotary_bf16_close_to_transformers():
+def test_rotary_bf16_close_to_transformers(facts_of):
     facts = facts_of("llama31-8b")
     args = operators.get("rotary_embedding").init_args(facts, 4)
     assert args["dtype"] == "bfloat16"
@@ -239,7 +226,7 @@ def test_rotary_bf16_close_to_transformers():
     torch.testing.assert_close(k_out, k_ref, rtol=1e-2, atol=2e-2)
 
 
-def test_rotary_inv_freq_equals_rope_init_functions():
+def test_rotary_inv_freq_equals_rope_init_functions(facts_of):
     llama = _hf_config(LLAMA31_8B_DIR)
     assert llama.rope_parameters["rope_type"] == "llama3"
     args = operators.get("rotary_embedding").init_args(facts_of("llama31-8b"), 1)
@@ -275,11 +262,11 @@ def test_rotary_cos_sin_cache_layout():
 
 def test_rotary_partial_rotary_factor_matches_transformers(tmp_path):
     """transformers 5 keeps partial_rotary_factor in rope_parameters; facts must see it."""
-    raw = json.loads((ROOT / "config/models/meta-llama/Llama-3.2-1B-Instruct/config.json").read_text())
+    raw = json.loads((REPO / "config/models/meta-llama/Llama-3.2-1B-Instruct/config.json").read_text())
     raw["partial_rotary_factor"] = 0.5
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    ref = resolve(str(tmp_path), ROOT)
-    facts = model_facts(load_config(ref, ROOT), ref)
+    ref = resolve(str(tmp_path), REPO)
+    facts = model_facts(load_config(ref, REPO), ref)
     assert facts["partial_rotary_factor"] == 0.5
     args = operators.get("rotary_embedding").init_args(facts, 1)
     assert args["rotary_dim"] == 32 and args["head_size"] == 64
@@ -327,7 +314,7 @@ def test_apply_rotary_emb_identity_at_position_zero():
     torch.testing.assert_close(apply_rotary_emb(x, cos, sin, False), x)
 
 
-def test_rotary_unsupported_rope_type():
+def test_rotary_unsupported_rope_type(facts_of):
     with pytest.raises(ValueError, match="yarn"):
         RotaryEmbedding(8, 8, 4, 10000.0, True, "float32", {"rope_type": "yarn", "factor": 4.0})
     facts = {**facts_of("llama31-8b"), "rope": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}
@@ -387,7 +374,7 @@ def _shapes(op_name, facts, tp, n=4, dtype="bfloat16"):
     return args, {s["name"]: s["shape"] for s in op.inputs(args, facts, tp, n, dtype)}
 
 
-def test_rules_llama31_8b_tp4_per_rank_shapes():
+def test_rules_llama31_8b_tp4_per_rank_shapes(facts_of):
     facts = facts_of("llama31-8b")
     assert (facts["hidden_size"], facts["num_attention_heads"], facts["num_key_value_heads"]) == (4096, 32, 8)
     for name in ("rms_norm", "fused_add_rms_norm"):
@@ -408,7 +395,7 @@ def test_rules_llama31_8b_tp4_per_rank_shapes():
     assert shapes == {"x": [4, 2 * 14336]}
 
 
-def test_rules_input_specs_are_complete():
+def test_rules_input_specs_are_complete(facts_of):
     facts = facts_of("llama31-8b")
     for name in operators.names():
         op = operators.get(name)
@@ -428,7 +415,7 @@ def test_rules_input_specs_are_complete():
         json.dumps(args)  # manifest-serialisable
 
 
-def test_rules_tp_not_dividing_heads_is_not_applicable():
+def test_rules_tp_not_dividing_heads_is_not_applicable(facts_of):
     facts = facts_of("qwen25-7b")
     assert facts["num_attention_heads"] == 28
     with pytest.raises(NotApplicable) as exc:
@@ -440,7 +427,7 @@ def test_rules_tp_not_dividing_heads_is_not_applicable():
         operators.get("silu_and_mul").init_args(facts, 3)
 
 
-def test_rules_kv_heads_replicate_when_tp_exceeds_them():
+def test_rules_kv_heads_replicate_when_tp_exceeds_them(facts_of):
     facts = facts_of("qwen3-30b-a3b")  # 32 heads, 4 kv heads
     _, shapes = _shapes("rotary_embedding", facts, 8)
     assert shapes["query"] == [4, 4 * 128] and shapes["key"] == [4, 1 * 128]
@@ -455,7 +442,7 @@ def test_rules_kv_heads_replicate_when_tp_exceeds_them():
         kv_heads_per_rank(8, 6)  # tp < kv heads but does not divide them
 
 
-def test_rules_embedding_tp_must_divide_padded_vocab():
+def test_rules_embedding_tp_must_divide_padded_vocab(facts_of):
     facts = {**facts_of("mixtral-8x7b")}
     assert facts["vocab_size"] == 32000
     operators.get("embedding").init_args(facts, 8)
@@ -463,7 +450,7 @@ def test_rules_embedding_tp_must_divide_padded_vocab():
         operators.get("embedding").init_args(facts, 3)
 
 
-def test_rules_applies_to():
+def test_rules_applies_to(facts_of):
     facts = facts_of("llama31-8b")
     assert operators.get("silu_and_mul").applies_to(facts)
     assert not operators.get("silu_and_mul").applies_to({**facts, "hidden_act": "gelu"})

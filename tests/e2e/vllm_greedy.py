@@ -1,5 +1,5 @@
 """Greedy generation with vLLM on the embedded tiny Llama (random weights, seeded), for
-tests: ``python tests/vllm_greedy.py OUT.json`` writes the generated token ids.
+tests: ``python tests/e2e/vllm_greedy.py OUT.json`` writes the generated token ids.
 
 The kb-nano plugin is active when ``KB_NANO_E2E_CANDIDATES`` names candidates (set by the test)."""
 
@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-MODEL = Path(__file__).resolve().parents[1] / "config/models/kb-nano/tiny-llama"
+MODEL = Path(__file__).resolve().parents[2] / "config/models/kb-nano/tiny-llama"
 
 if __name__ == "__main__":
     from vllm import LLM, SamplingParams

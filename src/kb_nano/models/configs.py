@@ -12,6 +12,7 @@ Hub itself is never contacted.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +111,6 @@ REQUIRED_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "v
 def check_config_file(ref: ModelRef, root: Path) -> None:
     """Cheap check (no transformers import) that the model's config.json parses as a JSON
     object with ``model_type``. Raises ``KbNanoError`` naming the file otherwise."""
-    import json
-
     path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
     try:
         data = json.loads(path.read_text())
@@ -125,6 +124,12 @@ def check_config_file(ref: ModelRef, root: Path) -> None:
     missing = [k for k in REQUIRED_FIELDS if k not in data and k not in nested]
     if missing:
         raise KbNanoError(f"{path}: field(s) {', '.join(missing)} missing; kb-nano derives shapes from them")
+
+
+def config_fields(ref: ModelRef, root: Path) -> dict:
+    """The fields of a model's config.json as a plain dict (what ``AutoConfig`` reads)."""
+    path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
+    return json.loads(path.read_text())
 
 
 def load_config(ref: ModelRef, root: Path):

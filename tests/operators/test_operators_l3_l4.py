@@ -7,32 +7,28 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
-from transformers.models.llama.modeling_llama import (  # noqa: E402
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.llama.modeling_llama import (
     LlamaDecoderLayer,
     LlamaRotaryEmbedding,
 )
-from transformers.models.qwen3.modeling_qwen3 import (  # noqa: E402
+from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3DecoderLayer,
     Qwen3RotaryEmbedding,
 )
+from workflow_helpers import REPO
 
-from kb_nano import operators  # noqa: E402
-from kb_nano.candidates import load_class  # noqa: E402
-from kb_nano.kernels.inputs import randomize_constant_parameters  # noqa: E402
-from kb_nano.kernels.measure import measure_once as measure  # noqa: E402
-from kb_nano.manifest import generate  # noqa: E402
-from kb_nano.models import load_config, model_facts, resolve  # noqa: E402
-from kb_nano.operators.base import NotApplicable, tolerance_for  # noqa: E402
-from kb_nano.operators.hf_modules import config_from_facts, hf_config  # noqa: E402
-from kb_nano.operators.layers import (  # noqa: E402
+from kb_nano import operators
+from kb_nano.candidates import load_class
+from kb_nano.kernels.inputs import randomize_constant_parameters
+from kb_nano.kernels.manifest import generate
+from kb_nano.kernels.measure import measure_once as measure
+from kb_nano.operators.base import NotApplicable, tolerance_for
+from kb_nano.operators.hf_modules import config_from_facts, hf_config
+from kb_nano.operators.layers import (
     LAYER_MAX_PARAMS,
     MODEL_MAX_PARAMS,
     MODEL_NUM_LAYERS,
@@ -40,10 +36,9 @@ from kb_nano.operators.layers import (  # noqa: E402
     DecoderLayer,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-MODELS = ROOT / "config/models"
-LAYER_CANDIDATE = ROOT / "candidates/decoder_layer/sdpa_fused.py"
-MODEL_CANDIDATE = ROOT / "candidates/model/sdpa.py"
+MODELS = REPO / "config/models"
+LAYER_CANDIDATE = REPO / "candidates/decoder_layer/sdpa_fused.py"
+MODEL_CANDIDATE = REPO / "candidates/model/sdpa.py"
 
 # Small configs of the two architectures (real field sets, small sizes) for the model-level
 # and bf16-accuracy tests; the layer tests also use the vendored real configs.
@@ -96,11 +91,6 @@ TINY_QWEN3 = {
 
 def raw(hub_id: str) -> dict:
     return json.loads((MODELS / hub_id / "config.json").read_text())
-
-
-def facts_of(key: str) -> dict:
-    ref = resolve(key, ROOT)
-    return model_facts(load_config(ref, ROOT), ref)
 
 
 def gen(seed: int) -> torch.Generator:
@@ -277,7 +267,7 @@ def test_subclass_without_init_gets_rotary_and_loads_weights():
 
 
 def test_manifest_scenarios_of_default_models():
-    m = generate(["llama31-8b", "qwen3-8b"], [1, 4], [1, 64], "auto", ROOT)
+    m = generate(["llama31-8b", "qwen3-8b"], [1, 4], [1, 64], "auto", REPO)
     by_id = {s["scenario_id"]: s for s in m["scenarios"]}
     for key, hub in (("llama31-8b", "meta-llama/Llama-3.1-8B-Instruct"), ("qwen3-8b", "Qwen/Qwen3-8B")):
         for n in (1, 64):
@@ -301,7 +291,7 @@ def test_manifest_scenarios_of_default_models():
 
 
 def test_manifest_small_model_and_tp_rules():
-    m = generate(["llama32-1b", "qwen25-7b"], [1, 8], [4], "auto", ROOT)
+    m = generate(["llama32-1b", "qwen25-7b"], [1, 8], [4], "auto", REPO)
     by_id = {s["scenario_id"]: s for s in m["scenarios"]}
     s = by_id["model__llama32-1b__tp1__n4"]
     assert s["applicable"]
@@ -316,7 +306,7 @@ def test_manifest_small_model_and_tp_rules():
     assert not bad["applicable"] and bad["reason"].endswith("tp=8 does not divide num_attention_heads=28")
 
 
-def test_param_limits_and_layer_shapes():
+def test_param_limits_and_layer_shapes(facts_of):
     facts = facts_of("llama31-8b")
     op = operators.get("decoder_layer")
     with pytest.raises(NotApplicable, match="218e6 parameters"):
@@ -332,7 +322,7 @@ def test_param_limits_and_layer_shapes():
         hf_config({**TINY_LLAMA, "intermediate_size": 260}, 8)
 
 
-def test_rules_work_from_facts_alone():
+def test_rules_work_from_facts_alone(facts_of):
     """``kernels --map`` and other callers pass facts without the config.json fields: the
     config rebuilt from facts gives the same layer shapes."""
     facts = facts_of("qwen3-8b")
@@ -428,7 +418,7 @@ def test_measure_rows_for_l3_l4(tmp_path):
     cfg_dir = tmp_path / "tiny-llama"
     cfg_dir.mkdir()
     (cfg_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
-    m = generate([str(cfg_dir)], [1, 2], [16], "auto", ROOT)
+    m = generate([str(cfg_dir)], [1, 2], [16], "auto", REPO)
     scenarios = {s["scenario_id"]: s for s in m["scenarios"] if s["level"] >= 3}
     assert sorted(scenarios) == [
         "decoder_layer__tiny-llama__tp1__n16",
@@ -449,7 +439,7 @@ def test_measure_rows_for_l3_l4(tmp_path):
         ("decoder_layer__tiny-llama__tp2__n16", LAYER_CANDIDATE, "decoder_layer"),
         ("model__tiny-llama__tp1__n16", MODEL_CANDIDATE, "model"),
     ):
-        row = measure(scenarios[sid], f"{target}/{path.stem}", path, settings, ROOT)
+        row = measure(scenarios[sid], f"{target}/{path.stem}", path, settings, REPO)
         assert row["status"] == "passed", row["error"]
         assert row["baseline_ms"] > 0 and row["candidate_ms"] > 0
         assert (row["atol"], row["rtol"]) == tolerance_for(operators.get(target), "bfloat16")

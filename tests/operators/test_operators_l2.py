@@ -12,46 +12,41 @@ at reduced widths (the semantics do not depend on them) and their rules at the r
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from types import SimpleNamespace
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from transformers import (  # noqa: E402
+import pytest
+import torch
+from transformers import (
     Gemma2Config,
     LlamaConfig,
     LlamaForCausalLM,
     MixtralConfig,
     Qwen3MoeConfig,
 )
-from transformers.activations import ACT2FN  # noqa: E402
-from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper  # noqa: E402
-from transformers.models.gemma2.modeling_gemma2 import Gemma2MLP  # noqa: E402
-from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaMLP as HFLlamaMLP  # noqa: E402
-from transformers.models.llama.modeling_llama import eager_attention_forward as llama_eager  # noqa: E402
-from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  # noqa: E402
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock  # noqa: E402
+from transformers.activations import ACT2FN
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+from transformers.models.gemma2.modeling_gemma2 import Gemma2MLP
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
+from transformers.models.llama.modeling_llama import LlamaMLP as HFLlamaMLP
+from transformers.models.llama.modeling_llama import eager_attention_forward as llama_eager
+from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+from workflow_helpers import REPO
 
-from kb_nano import operators  # noqa: E402
-from kb_nano.kernels.compare import compare, tolerance  # noqa: E402
-from kb_nano.manifest import config_fields, dumps, generate  # noqa: E402
-from kb_nano.models import load_config, model_facts, resolve  # noqa: E402
-from kb_nano.operators.activations import GeluAndMul  # noqa: E402
-from kb_nano.operators.attention import DEFAULT_CONTEXT_LENS, Attention  # noqa: E402
-from kb_nano.operators.base import TOLERANCES, NotApplicable, make_tensor, tolerance_for  # noqa: E402
-from kb_nano.operators.embedding import pad_vocab_size  # noqa: E402
-from kb_nano.operators.lm_head import ParallelLMHead  # noqa: E402
-from kb_nano.operators.mlp import LlamaMLP  # noqa: E402
-from kb_nano.operators.moe import FusedMoE  # noqa: E402
-from kb_nano.operators.norms import QKNorm  # noqa: E402
-from kb_nano.operators.sampler import TopKTopPSampler  # noqa: E402
+from kb_nano import operators
+from kb_nano.kernels.compare import compare, tolerance
+from kb_nano.kernels.manifest import dumps, generate
+from kb_nano.operators.activations import GeluAndMul
+from kb_nano.operators.attention import DEFAULT_CONTEXT_LENS, Attention
+from kb_nano.operators.base import TOLERANCES, NotApplicable, make_tensor, tolerance_for
+from kb_nano.operators.embedding import pad_vocab_size
+from kb_nano.operators.lm_head import ParallelLMHead
+from kb_nano.operators.mlp import LlamaMLP
+from kb_nano.operators.moe import FusedMoE
+from kb_nano.operators.norms import QKNorm
+from kb_nano.operators.sampler import TopKTopPSampler
 
-ROOT = Path(__file__).resolve().parents[1]
 NEW = ("gelu_and_mul", "qk_norm", "lm_head", "sampler", "attention", "mlp", "fused_moe")
 MODELS = (
     "llama31-8b",
@@ -63,15 +58,6 @@ MODELS = (
     "qwen3-30b-a3b",
     "gemma2-2b",
 )
-_FACTS: dict = {}
-
-
-def facts_of(key: str) -> dict:
-    """Facts as the manifest gives them to operators (with the raw config.json fields)."""
-    if key not in _FACTS:
-        ref = resolve(key, ROOT)
-        _FACTS[key] = {**model_facts(load_config(ref, ROOT), ref), "hf_config": config_fields(ref, ROOT)}
-    return _FACTS[key]
 
 
 def randn(*shape, dtype=torch.float32, seed=0, std=1.0):
@@ -111,8 +97,8 @@ def test_gelu_and_mul_inside_gemma2_mlp():
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_gelu_and_mul_rules_gemma2():
-    facts = facts_of("gemma2-2b")
+def test_gelu_and_mul_rules_gemma2(facts_of):
+    facts = facts_of("gemma2-2b", hf_config=True)
     op = operators.get("gelu_and_mul")
     assert op.applies_to(facts) and not operators.get("silu_and_mul").applies_to(facts)
     assert op.init_args(facts, 4) == {"approximate": "tanh"}
@@ -124,8 +110,8 @@ def test_gelu_and_mul_rules_gemma2():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_qk_norm_equals_qwen3_q_norm_k_norm(dtype):
-    facts = facts_of("qwen3-8b")
+def test_qk_norm_equals_qwen3_q_norm_k_norm(dtype, facts_of):
+    facts = facts_of("qwen3-8b", hf_config=True)
     args, s = shapes("qk_norm", facts, 4, n=6)
     assert args == {"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "eps": 1e-6}
     assert s == {"q": [6, 8 * 128], "k": [6, 2 * 128]}
@@ -148,10 +134,10 @@ def test_qk_norm_equals_qwen3_q_norm_k_norm(dtype):
     torch.testing.assert_close(k_out, k_want, rtol=0, atol=0)
 
 
-def test_qk_norm_applies_to_qwen3_only():
-    applies = {m: operators.get("qk_norm").applies_to(facts_of(m)) for m in MODELS}
+def test_qk_norm_applies_to_qwen3_only(facts_of):
+    applies = {m: operators.get("qk_norm").applies_to(facts_of(m, hf_config=True)) for m in MODELS}
     assert {m for m, a in applies.items() if a} == {"qwen3-8b", "qwen3-30b-a3b"}
-    _, s = shapes("qk_norm", facts_of("qwen3-30b-a3b"), 8)  # 4 kv heads: replicated at tp 8
+    _, s = shapes("qk_norm", facts_of("qwen3-30b-a3b", hf_config=True), 8)  # 4 kv heads: replicated at tp 8
     assert s == {"q": [4, 4 * 128], "k": [4, 128]}
 
 
@@ -197,8 +183,8 @@ def test_lm_head_tp_shards_concatenate_to_full_logits():
         torch.testing.assert_close(torch.cat(parts, dim=-1), full(x), rtol=1e-6, atol=1e-6)
 
 
-def test_lm_head_rules():
-    args, s = shapes("lm_head", facts_of("qwen3-8b"), 4, n=2)
+def test_lm_head_rules(facts_of):
+    args, s = shapes("lm_head", facts_of("qwen3-8b", hf_config=True), 4, n=2)
     assert args == {
         "num_embeddings": 151936,
         "embedding_dim": 4096,
@@ -208,8 +194,8 @@ def test_lm_head_rules():
     }
     assert s == {"hidden_states": [2, 4096]}
     with pytest.raises(NotApplicable, match="vocab_size"):
-        operators.get("lm_head").init_args(facts_of("mixtral-8x7b"), 3)
-    assert all(operators.get("lm_head").applies_to(facts_of(m)) for m in MODELS)
+        operators.get("lm_head").init_args(facts_of("mixtral-8x7b", hf_config=True), 3)
+    assert all(operators.get("lm_head").applies_to(facts_of(m, hf_config=True)) for m in MODELS)
     nbytes, flops = operators.get("lm_head").traffic(
         args, operators.get("lm_head").inputs(args, {}, 4, 2, "bfloat16"), "bfloat16"
     )
@@ -231,8 +217,8 @@ def _hf_sample(logits, q, k, p):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_sampler_equals_transformers_warpers(seed):
-    facts = facts_of("llama32-1b")
+def test_sampler_equals_transformers_warpers(seed, facts_of):
+    facts = facts_of("llama32-1b", hf_config=True)
     op = operators.get("sampler")
     specs = op.inputs(op.init_args(facts, 1), facts, 1, 16, "bfloat16")
     assert [s["name"] for s in specs] == ["logits", "q", "k", "p"]
@@ -259,8 +245,8 @@ def test_sampler_top_k_one_is_greedy_and_q_changes_samples():
     assert not torch.equal(a, b)
 
 
-def test_sampler_same_at_every_tp():
-    facts = facts_of("qwen3-8b")
+def test_sampler_same_at_every_tp(facts_of):
+    facts = facts_of("qwen3-8b", hf_config=True)
     assert shapes("sampler", facts, 1) == shapes("sampler", facts, 8)
 
 
@@ -272,8 +258,8 @@ def _attn_module(heads, kv_heads):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_attention_prefill_equals_transformers_eager(dtype):
-    facts = facts_of("llama31-8b")
+def test_attention_prefill_equals_transformers_eager(dtype, facts_of):
+    facts = facts_of("llama31-8b", hf_config=True)
     args, s = shapes("attention", facts, 4, n=9)
     assert args == {"num_heads": 8, "head_size": 128, "scale": 128**-0.5, "num_kv_heads": 2, "logits_soft_cap": None}
     assert s == {"query": [9, 8 * 128], "key": [9, 2 * 128], "value": [9, 2 * 128]}
@@ -296,8 +282,8 @@ def test_attention_prefill_equals_transformers_eager(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_attention_decode_equals_transformers_eager(dtype):
-    facts = facts_of("qwen3-30b-a3b")  # 32 heads, 4 kv heads: tp 8 replicates one kv head
+def test_attention_decode_equals_transformers_eager(dtype, facts_of):
+    facts = facts_of("qwen3-30b-a3b", hf_config=True)  # 32 heads, 4 kv heads: tp 8 replicates one kv head
     args, s = shapes("attention", facts, 8, n=3, context_len=17)
     assert (args["num_heads"], args["num_kv_heads"]) == (4, 1)
     assert s["key_cache"] == s["value_cache"] == [3, 17, 1, 128]
@@ -311,8 +297,8 @@ def test_attention_decode_equals_transformers_eager(dtype):
     torch.testing.assert_close(out, want.reshape(n, h * d), rtol=0, atol=0)
 
 
-def test_attention_gemma2_scale_and_soft_cap_equal_transformers():
-    facts = facts_of("gemma2-2b")
+def test_attention_gemma2_scale_and_soft_cap_equal_transformers(facts_of):
+    facts = facts_of("gemma2-2b", hf_config=True)
     args = operators.get("attention").init_args(facts, 1)
     assert args == {"num_heads": 8, "head_size": 256, "scale": 256**-0.5, "num_kv_heads": 4, "logits_soft_cap": 50.0}
     n, h, kv, d = 6, 8, 4, 256
@@ -344,9 +330,9 @@ def test_attention_prefill_and_decode_agree():
     torch.testing.assert_close(decode, prefill[-1:], rtol=1e-5, atol=1e-6)
 
 
-def test_attention_variants_and_limits():
+def test_attention_variants_and_limits(facts_of):
     op = operators.get("attention")
-    facts = facts_of("qwen3-8b")  # max_position_embeddings 40960
+    facts = facts_of("qwen3-8b", hf_config=True)  # max_position_embeddings 40960
     assert DEFAULT_CONTEXT_LENS == (256,)
     assert op.variants(facts, {"context_lens": None}) == [("", {}), ("ctx256", {"context_len": 256})]
     assert op.variants(facts, {"context_lens": [128, 4096]}) == [
@@ -364,9 +350,9 @@ def test_attention_variants_and_limits():
     op.inputs(args, facts, 1, 1024, "bfloat16", context_len=1024)  # 2^20 cached tokens: at the limit
     decode = op.inputs(args, facts, 1, 8, "bfloat16", context_len=100)
     assert op.traffic(args, decode, "bfloat16")[1] == 4 * 32 * 128 * 8 * 101
-    assert all(op.applies_to(facts_of(m)) for m in MODELS)
+    assert all(op.applies_to(facts_of(m, hf_config=True)) for m in MODELS)
     with pytest.raises(NotApplicable, match="num_attention_heads"):
-        op.init_args(facts_of("qwen25-7b"), 8)
+        op.init_args(facts_of("qwen25-7b", hf_config=True), 8)
 
 
 # --------------------------------------------------------------------------- mlp
@@ -422,17 +408,17 @@ def test_mlp_tp_partial_sums_add_up_to_full_mlp():
         torch.testing.assert_close(total, full(x), rtol=1e-5, atol=1e-5)
 
 
-def test_mlp_rules_and_applies_to():
-    args, s = shapes("mlp", facts_of("llama31-8b"), 4, n=2)
+def test_mlp_rules_and_applies_to(facts_of):
+    args, s = shapes("mlp", facts_of("llama31-8b", hf_config=True), 4, n=2)
     assert args == {"hidden_size": 4096, "intermediate_size": 14336, "hidden_act": "silu", "tp_size": 4}
     assert s == {"x": [2, 4096]}
     m = LlamaMLP(**{**args, "hidden_size": 8, "intermediate_size": 16})
     assert m.gate_up_proj.weight.shape == (8, 8) and m.down_proj.weight.shape == (8, 4)
-    assert operators.get("mlp").init_args(facts_of("gemma2-2b"), 1)["hidden_act"] == "gelu_pytorch_tanh"
-    applies = {m: operators.get("mlp").applies_to(facts_of(m)) for m in MODELS}
+    assert operators.get("mlp").init_args(facts_of("gemma2-2b", hf_config=True), 1)["hidden_act"] == "gelu_pytorch_tanh"
+    applies = {m: operators.get("mlp").applies_to(facts_of(m, hf_config=True)) for m in MODELS}
     assert {m for m, a in applies.items() if not a} == {"mixtral-8x7b", "qwen3-30b-a3b"}
     with pytest.raises(NotApplicable, match="intermediate_size"):
-        operators.get("mlp").init_args(facts_of("llama31-8b"), 3)
+        operators.get("mlp").init_args(facts_of("llama31-8b", hf_config=True), 3)
 
 
 # --------------------------------------------------------------------------- fused_moe
@@ -495,9 +481,9 @@ def test_fused_moe_without_renormalize_and_tp_partial_sums():
         torch.testing.assert_close(total, full(x, logits), rtol=1e-5, atol=1e-6)
 
 
-def test_fused_moe_rules_real_shapes():
+def test_fused_moe_rules_real_shapes(facts_of):
     op = operators.get("fused_moe")
-    args, s = shapes("fused_moe", facts_of("mixtral-8x7b"), 4, n=2)
+    args, s = shapes("fused_moe", facts_of("mixtral-8x7b", hf_config=True), 4, n=2)
     assert args == {
         "num_experts": 8,
         "top_k": 2,
@@ -508,21 +494,21 @@ def test_fused_moe_rules_real_shapes():
         "tp_size": 4,
     }
     assert s == {"hidden_states": [2, 4096], "router_logits": [2, 8]}
-    args, s = shapes("fused_moe", facts_of("qwen3-30b-a3b"), 8, n=2)
+    args, s = shapes("fused_moe", facts_of("qwen3-30b-a3b", hf_config=True), 8, n=2)
     assert (args["num_experts"], args["top_k"], args["intermediate_size"], args["renormalize"]) == (128, 8, 768, True)
     with torch.device("meta"):
         m = FusedMoE(**args)
     assert m.w13_weight.shape == (128, 2 * 96, 2048) and m.w2_weight.shape == (128, 2048, 96)
     assert m.w13_weight.dtype == torch.bfloat16
-    applies = {m: op.applies_to(facts_of(m)) for m in MODELS}
+    applies = {m: op.applies_to(facts_of(m, hf_config=True)) for m in MODELS}
     assert {m for m, a in applies.items() if a} == {"mixtral-8x7b", "qwen3-30b-a3b"}
     # without the raw config fields (kernels --map) a MoE model still counts as MoE
-    bare = {k: v for k, v in facts_of("mixtral-8x7b").items() if k != "hf_config"}
+    bare = {k: v for k, v in facts_of("mixtral-8x7b", hf_config=True).items() if k != "hf_config"}
     assert op.applies_to(bare)
     with pytest.raises(NotApplicable, match="expert fields"):
         op.init_args(bare, 1)
     with pytest.raises(NotApplicable, match="intermediate_size"):
-        op.init_args(facts_of("qwen3-30b-a3b"), 5)
+        op.init_args(facts_of("qwen3-30b-a3b", hf_config=True), 5)
 
 
 # --------------------------------------------------------------------------- tolerances
@@ -570,7 +556,7 @@ def test_compare_integer_outputs_exactly():
 
 
 def test_manifest_variants_ids_and_determinism():
-    kw = dict(models=["llama32-1b", "gemma2-2b"], tps=[1, 2], num_tokens=[1, 8], dtype="auto", root=ROOT)
+    kw = dict(models=["llama32-1b", "gemma2-2b"], tps=[1, 2], num_tokens=[1, 8], dtype="auto", root=REPO)
     m = generate(**kw, context_lens=[64, 256])
     ids = [s["scenario_id"] for s in m["scenarios"]]
     assert len(ids) == len(set(ids))
@@ -603,11 +589,11 @@ def test_manifest_variants_ids_and_determinism():
 def test_manifest_context_len_not_applicable_and_duplicates():
     from kb_nano.errors import KbNanoError
 
-    m = generate(["gemma2-2b"], [1], [1], "auto", ROOT, context_lens=[8192])  # max_position_embeddings 8192
+    m = generate(["gemma2-2b"], [1], [1], "auto", REPO, context_lens=[8192])  # max_position_embeddings 8192
     sc = {s["scenario_id"]: s for s in m["scenarios"]}["attention__gemma2-2b__tp1__n1__ctx8192"]
     assert sc["applicable"] is False and "max_position_embeddings=8192" in sc["reason"]
     with pytest.raises(KbNanoError, match="context_lens: 64 listed more than once"):
-        generate(["gemma2-2b"], [1], [1], "auto", ROOT, context_lens=[64, 64])
+        generate(["gemma2-2b"], [1], [1], "auto", REPO, context_lens=[64, 64])
 
 
 def test_new_targets_registered():

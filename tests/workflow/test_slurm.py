@@ -1,6 +1,6 @@
 """``profiles/slurm`` against a real one-node SLURM cluster started on this machine.
 
-The cluster (tests/slurm_cluster.py) is Debian's slurmctld + slurmd + munge, installed
+The cluster (tests/workflow/slurm_cluster.py) is Debian's slurmctld + slurmd + munge, installed
 with apt-get when missing, with a fake two-GPU generic resource and no accounting
 database, so the plugin reads job states with ``squeue`` (``--slurm-status-command
 squeue``; the cluster keeps finished jobs for ``MinJobAge`` = 600 s). Every kernel job

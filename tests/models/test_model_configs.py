@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from workflow_helpers import REPO
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-MODELS_DIR = ROOT / "config" / "models"
+MODELS_DIR = REPO / "config" / "models"
 MODELS_YAML = MODELS_DIR / "models.yaml"
-FACTS_FILE = ROOT.parent / "shared" / "reference" / "hf_model_facts.json"
+FACTS_FILE = REPO.parent / "shared" / "reference" / "hf_model_facts.json"
 
 ABSENT = object()  # the key must not appear in config.json
 

@@ -1,19 +1,16 @@
-"""kb_nano.manifest.generate on the vendored configs: ids, shapes, determinism, errors."""
+"""kb_nano.kernels.manifest.generate on the vendored configs: ids, shapes, determinism, errors."""
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import pytest
+import yaml
+from workflow_helpers import REPO
 
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-
-from kb_nano import operators  # noqa: E402
-from kb_nano.errors import KbNanoError  # noqa: E402
-from kb_nano.manifest import (  # noqa: E402
+from kb_nano import operators
+from kb_nano.errors import KbNanoError
+from kb_nano.kernels.manifest import (
     SCHEMA_VERSION,
     dumps,
     generate,
@@ -23,7 +20,6 @@ from kb_nano.manifest import (  # noqa: E402
     write,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 L1_L2 = {
     "rms_norm",
     "fused_add_rms_norm",
@@ -45,14 +41,7 @@ NUM_TOKENS = [1, 64]
 
 @pytest.fixture(scope="module")
 def manifest():
-    return generate(MODELS, TPS, NUM_TOKENS, "auto", ROOT)
-
-
-def facts(key: str) -> dict:
-    from kb_nano.models import load_config, model_facts, resolve
-
-    ref = resolve(key, ROOT)
-    return model_facts(load_config(ref, ROOT), ref)
+    return generate(MODELS, TPS, NUM_TOKENS, "auto", REPO)
 
 
 def by_id(manifest) -> dict:
@@ -69,11 +58,11 @@ def test_top_level(manifest):
     assert m["hidden_size"] == 4096
 
 
-def test_scenario_ids_stable_and_unique(manifest):
+def test_scenario_ids_stable_and_unique(manifest, facts_of):
     assert scenario_id("rms_norm", "llama31-8b", 4, 64) == "rms_norm__llama31-8b__tp4__n64"
     ids = [s["scenario_id"] for s in manifest["scenarios"]]
     variants = {
-        m: sum(len(operators.get(n).variants(facts(m), {"context_lens": None})) for n in operators.names())
+        m: sum(len(operators.get(n).variants(facts_of(m), {"context_lens": None})) for n in operators.names())
         for m in MODELS
     }
     assert len(ids) == len(set(ids)) == sum(variants.values()) * len(TPS) * len(NUM_TOKENS)
@@ -91,7 +80,7 @@ def test_scenario_ids_stable_and_unique(manifest):
 
 
 def test_generation_is_byte_identical(manifest, tmp_path):
-    again = generate(MODELS, TPS, NUM_TOKENS, "auto", ROOT)
+    again = generate(MODELS, TPS, NUM_TOKENS, "auto", REPO)
     assert dumps(again) == dumps(manifest)
     write(manifest, tmp_path / "a.yaml")
     write(again, tmp_path / "b.yaml")
@@ -127,7 +116,7 @@ def test_dtype_auto_is_bfloat16(manifest):
 
 
 def test_dtype_override_reaches_inputs_and_init_args():
-    m = generate(["llama32-1b"], [1], [2], "float32", ROOT)
+    m = generate(["llama32-1b"], [1], [2], "float32", REPO)
     assert {s["dtype"] for s in m["scenarios"]} == {"float32"}
     assert m["models"]["llama32-1b"]["dtype"] == "bfloat16"  # the checkpoint's, recorded as is
     rope = by_id(m)["rotary_embedding__llama32-1b__tp1__n2"]
@@ -201,14 +190,14 @@ def test_not_applicable_scenarios_keep_a_reason(manifest):
 
 
 def test_kv_heads_replicated_in_manifest():
-    m = generate(["qwen3-30b-a3b"], [8], [1], "auto", ROOT)  # 4 kv heads at tp 8
+    m = generate(["qwen3-30b-a3b"], [8], [1], "auto", REPO)  # 4 kv heads at tp 8
     rope = by_id(m)["rotary_embedding__qwen3-30b-a3b__tp8__n1"]
     assert {i["name"]: i["shape"] for i in rope["inputs"]} == {"positions": [1], "query": [1, 512], "key": [1, 128]}
 
 
 def test_tp_not_dividing_padded_vocab_is_not_applicable():
     # 28 heads / 28, 4 KV heads replicated: deployable, but 152064 % 28 != 0
-    m = generate(["qwen25-7b"], [28], [1], "auto", ROOT, targets=["embedding", "rms_norm"])
+    m = generate(["qwen25-7b"], [28], [1], "auto", REPO, targets=["embedding", "rms_norm"])
     emb = by_id(m)["embedding__qwen25-7b__tp28__n1"]
     assert emb["applicable"] is False and emb["reason"] == "tp=28 does not divide padded vocab_size=152064"
     assert by_id(m)["rms_norm__qwen25-7b__tp28__n1"]["applicable"]
@@ -216,21 +205,21 @@ def test_tp_not_dividing_padded_vocab_is_not_applicable():
 
 def test_duplicate_model(tmp_path):
     with pytest.raises(KbNanoError) as exc:
-        generate(["llama31-8b", "meta-llama/Llama-3.1-8B-Instruct"], [1], [1], "auto", ROOT)
+        generate(["llama31-8b", "meta-llama/Llama-3.1-8B-Instruct"], [1], [1], "auto", REPO)
     msg = str(exc.value)
     assert "llama31-8b" in msg and "more than once" in msg and "\n" not in msg
 
 
 def test_duplicate_tp_or_num_tokens():
     with pytest.raises(KbNanoError, match="tp: 4 listed more than once"):
-        generate(["llama32-1b"], [1, 4, 4], [1], "auto", ROOT)
+        generate(["llama32-1b"], [1, 4, 4], [1], "auto", REPO)
     with pytest.raises(KbNanoError, match="num_tokens: 1 listed more than once"):
-        generate(["llama32-1b"], [1], [1, 1], "auto", ROOT)
+        generate(["llama32-1b"], [1], [1, 1], "auto", REPO)
 
 
 def test_unknown_model():
     with pytest.raises(KbNanoError, match="unknown model 'gpt5'"):
-        generate(["gpt5"], [1], [1], "auto", ROOT)
+        generate(["gpt5"], [1], [1], "auto", REPO)
 
 
 def test_scenario_json_is_canonical(manifest):
@@ -242,7 +231,7 @@ def test_scenario_json_is_canonical(manifest):
 
 
 def test_variant_scenarios_attention_decode():
-    m = generate(["llama31-8b"], [1], [8], "auto", ROOT, context_lens=[1024, 4096])
+    m = generate(["llama31-8b"], [1], [8], "auto", REPO, context_lens=[1024, 4096])
     s = by_id(m)
     assert scenario_id("attention", "llama31-8b", 1, 8, "ctx1024") == "attention__llama31-8b__tp1__n8__ctx1024"
     prefill, decode = s["attention__llama31-8b__tp1__n8"], s["attention__llama31-8b__tp1__n8__ctx1024"]
@@ -258,7 +247,7 @@ def test_variant_scenarios_attention_decode():
     assert s["attention__llama31-8b__tp1__n8__ctx4096"]["bytes_moved"] > decode["bytes_moved"]
     # variants only where an operator declares them: other ids are unchanged
     assert [i for i in s if i.startswith("rms_norm")] == ["rms_norm__llama31-8b__tp1__n8"]
-    again = generate(["llama31-8b"], [1], [8], "auto", ROOT, context_lens=[1024, 4096])
+    again = generate(["llama31-8b"], [1], [8], "auto", REPO, context_lens=[1024, 4096])
     assert dumps(again) == dumps(m)
 
 
@@ -267,7 +256,7 @@ def test_scenarios_record_operator_tolerance(manifest):
     assert (s["rms_norm__llama31-8b__tp1__n1"]["atol"], s["rms_norm__llama31-8b__tp1__n1"]["rtol"]) == (0.01, 0.016)
     assert (s["attention__llama31-8b__tp1__n1"]["atol"], s["attention__llama31-8b__tp1__n1"]["rtol"]) == (0.02, 0.016)
     assert (s["sampler__llama31-8b__tp1__n1"]["atol"], s["sampler__llama31-8b__tp1__n1"]["rtol"]) == (0.0, 0.0)
-    m32 = generate(["llama32-1b"], [1], [2], "float32", ROOT)
+    m32 = generate(["llama32-1b"], [1], [2], "float32", REPO)
     assert by_id(m32)["mlp__llama32-1b__tp1__n2"]["atol"] == 1e-4
 
 
@@ -286,7 +275,7 @@ def test_a_tp_the_model_cannot_be_deployed_at_makes_every_scenario_not_applicabl
     """Llama-3.1-8B has 32 attention heads: vLLM cannot run it at TP 3, so even the
     unsharded operators (rms_norm) are not applicable there, with the reason; TP 16 is
     deployable (KV heads replicated), and so is rms_norm at TP 16."""
-    m = generate(["llama31-8b"], [3, 16], [1], "auto", ROOT, targets=["rms_norm", "attention"])
+    m = generate(["llama31-8b"], [3, 16], [1], "auto", REPO, targets=["rms_norm", "attention"])
     by_id = {s["scenario_id"]: s for s in m["scenarios"]}
     tp3 = [s for s in m["scenarios"] if s["tp"] == 3]
     assert tp3 and all(not s["applicable"] for s in tp3)

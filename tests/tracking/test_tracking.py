@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import tracking_helpers
 from tracking_helpers import mlflow_server, result_set, row
 
 from kb_nano import tracking
@@ -194,7 +195,7 @@ def test_two_sweeps_finishing_at_once_are_both_recorded(tmp_path):
     moment (including creating the database and the experiment): both runs exist."""
     uri = "sqlite:///" + str(tmp_path / "shared" / "mlflow.db")
     script = tmp_path / "writer.py"
-    script.write_text(WRITER.format(tests=str(Path(__file__).parent)))
+    script.write_text(WRITER.format(tests=str(Path(tracking_helpers.__file__).resolve().parent)))
     go = tmp_path / "go"
     procs = [
         subprocess.Popen(

@@ -1,9 +1,9 @@
-"""The adversarial corpus (tests/adversarial/, see its README): every hack gets its status,
+"""The adversarial corpus (tests/kernels/adversarial/, see its README): every hack gets its status,
 every control passes, in one real Snakemake sweep that also holds a segfaulting, a
 hanging and an out-of-memory candidate.
 
 On a GPU host run the whole corpus on CUDA (the CUDA-only hacks included):
-``PYTHONPATH=src:tests python tests/test_adversarial.py --device cuda``.
+``PYTHONPATH=src:tests python tests/kernels/test_adversarial.py --device cuda``.
 """
 
 from __future__ import annotations

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tracking_helpers import ROOT
+from workflow_helpers import copy_workflow
 
 from kb_nano import tracking
 from kb_nano.tracking import history
@@ -42,13 +41,7 @@ def _snakemake(root: Path, *extra: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kbwf")
-    for name in ("Snakefile", "workflow", "config", "candidates", "envs", "profiles"):
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy2(src, root / name)
+    root = copy_workflow(tmp_path_factory.mktemp("kbwf"))
     (root / "tiny.yaml").write_text(TINY)
     return root
 
