@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from tracking_helpers import row, table_headers
 from workflow_helpers import copy_workflow, kb_nano
 
 
@@ -31,6 +32,34 @@ def test_map_shows_real_per_rank_shapes(work):
     assert "x[N, 28672]" in text  # silu_and_mul input at tp=1: 2 * 14336
     assert "x[N, 7168]" in text  # ... and at tp=4
     assert "query[N, 1024]" in text and "key[N, 256]" in text  # rotary at tp=4: 8 heads, 2 kv heads
+
+
+@pytest.mark.parametrize("columns", [100, 200])
+def test_kernel_table_fits_the_terminal(monkeypatch, capsys, columns):
+    """The Tier-1 table at $COLUMNS (what rich reads): no line wider, and scenario,
+    candidate, status, speedup and its interval always there; the low-priority columns
+    are left out at 100 columns (the caption says so) and all shown at 200."""
+    from kb_nano.kernels.merge import summarize
+    from kb_nano.kernels.table import print_kernels
+
+    rows = [
+        row("fused_add_rms_norm", "fp32_sum", n=64, speedup=2.29, speedup_ci_low=1.38, speedup_ci_high=3.79),
+        row("rotary_embedding", "neox_inplace", model="mistral-7b-v03", n=16384, status="runtime_error"),
+        row("rms_norm", "triton_rowwise", status="skipped"),
+    ]
+    monkeypatch.setenv("COLUMNS", str(columns))
+    print_kernels(rows, summarize(rows))
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= columns, out
+    (head,) = table_headers(out)
+    for name in ("scenario", "candidate", "status", "speedup", "rerun 95%"):
+        assert name in head.split(" | "), out
+    flat = " ".join(out.split())
+    assert "2.29x" in flat and "1.38-3.79" in flat and "runtime_error" in flat
+    if columns == 200:
+        assert "baseline ms ±IQR" in head and "max_abs_err" in head and "left out" not in out
+    else:
+        assert "baseline ms ±IQR" not in head and "left out at 100 columns: max_abs_err" in flat
 
 
 @pytest.mark.parametrize(
