@@ -24,6 +24,34 @@ def test_list_shows_every_operator(work):
     assert "rms_norm" in level1.stdout and "L1" in level1.stdout
 
 
+def test_list_shows_the_candidate_contract(work):
+    """`kernels --list` shows each baseline's constructor and forward signatures: what a
+    candidate must accept."""
+    from kb_nano import operators
+    from kb_nano.operators.base import contract
+
+    out = kb_nano(work, "kernels", "--list")
+    assert out.returncode == 0, out.stderr
+    assert "candidate contract" in out.stdout
+    for text in (
+        "RMSNorm(hidden_size: int, eps: float = 1e-06)",
+        "forward(x: torch.Tensor, residual: torch.Tensor | None = None)",
+        "SiluAndMul()",  # no __init__ of its own: nn.Module's takes no arguments
+        "forward(x: torch.Tensor) -> torch.Tensor",
+        "QKNorm(num_heads: int, num_kv_heads: int, head_dim: int, eps: float =",
+    ):
+        assert text in out.stdout, out.stdout
+    for name in operators.names():
+        baseline = operators.get(name).baseline
+        init, forward = contract(baseline)
+        assert init.startswith(baseline.__name__ + "(") and forward.startswith("forward(")
+        assert "self" not in init + forward and "'" not in forward
+    assert contract(operators.get("attention").baseline)[1] == (
+        "forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor | None = None, "
+        "value_cache: torch.Tensor | None = None) -> torch.Tensor"
+    )
+
+
 def test_map_shows_real_per_rank_shapes(work):
     out = kb_nano(work, "kernels", "--map", "--model", "llama31", "--tp", "1", "4")
     assert out.returncode == 0, out.stderr
