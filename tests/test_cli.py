@@ -176,6 +176,46 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
 
 
 @pytest.mark.slow
+def test_snakemake_actions_that_run_no_job_print_no_table(work):
+    """After a real run, `kb_nano kernels -- --unlock` (and the other Snakemake-only
+    actions after `--`) prints what Snakemake says, not the previous run's table."""
+    small = ["--target", "rms_norm", "--model", "llama32-1b", "--tp", "1", "--num-tokens", "1"]
+    first = kb_nano(work, "kernels", *small, "--num-warmup", "1", "--num-runs", "3")
+    assert first.returncode == 0 and "rms_norm__llama32-1b__tp1__n1" in first.stdout, first.stdout + first.stderr
+    (work / ".snakemake/locks").mkdir(parents=True, exist_ok=True)
+    (work / ".snakemake/locks/0.input.lock").write_text("stale\n")  # a crashed run's lock
+    for extra, said in (
+        (["--unlock"], "Unlocked working directory"),
+        (["-np"], "Nothing to be done"),
+        (["--list-rules"], "kernel_bench"),
+        (["--summary"], "merge_kernels"),
+        (["--cleanup-metadata", "results/kernels.json"], ""),  # (says nothing)
+    ):
+        out = kb_nano(work, "kernels", *small, "--num-warmup", "1", "--num-runs", "3", "--", *extra)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert said in out.stdout + out.stderr, (extra, out.stdout + out.stderr)
+        for table in ("kb-nano kernels", "rms_norm__llama32-1b__tp1__n1 ", "results: ", "MLflow: "):
+            assert table not in out.stdout, (extra, out.stdout)
+        if extra == ["--unlock"]:
+            locks = work / ".snakemake/locks"
+            assert not locks.exists() or not any(locks.iterdir())
+
+
+def test_snakemake_action_reads_snakemakes_own_options():
+    from kb_nano.cli.snakemake import snakemake_action
+
+    assert snakemake_action(["--unl"]) == "--unlock"  # argparse abbreviation
+    assert snakemake_action(["-np"]) == "--dry-run"  # short-option cluster
+    assert snakemake_action(["--cm", "results/kernels.json"]) == "--cleanup-metadata"
+    assert snakemake_action(["-e", "dryrun"]) == "--executor"
+    assert snakemake_action(["--report"]) == "--report"
+    assert snakemake_action(["--version"]) == "--help/--version"
+    for runs_jobs in ([], ["--profile", "profiles/slurm"], ["-j", "4"], ["--report", "--report-after-run"]):
+        assert snakemake_action(runs_jobs) is None, runs_jobs
+    assert snakemake_action(["--forcerun", "merge_kernels", "-e", "slurm"]) is None
+
+
+@pytest.mark.slow
 def test_generate_inputs_reports_not_applicable_tp(work):
     out = kb_nano(work, "generate-inputs", "--model", "qwen25-7b", "--tp", "8", "--num-tokens", "1")
     assert out.returncode == 0, out.stdout + out.stderr

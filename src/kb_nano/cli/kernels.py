@@ -11,7 +11,7 @@ from pathlib import Path
 from kb_nano import operators
 from kb_nano import workflow as kbw
 from kb_nano.cli.config import DEFAULT_CONFIG, base_config, config_overrides, preflight, select_models
-from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, workflow_failed
+from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
 from kb_nano.console import Column
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
@@ -113,7 +113,8 @@ def _shape_text(spec: dict) -> str:
 
 
 def cmd_kernels(args, passthrough: list[str]) -> int:
-    """``kb_nano kernels``: run the Tier-1 DAG and print the merged table."""
+    """``kb_nano kernels``: run the Tier-1 DAG and print the merged table (not after a
+    Snakemake action that runs no job, e.g. ``-- --unlock``: :func:`snakemake_action`)."""
     root = find_workflow_root()
     if args.level and not args.list:
         raise KbNanoError("--level only filters --list; to run one level use --target or --category")
@@ -140,8 +141,8 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     code = run_snakemake(root, ["results/kernels.parquet", output_json, marker], config, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "kernels")
-    if args.dry_run:
-        return 0
+    if args.dry_run or snakemake_action(passthrough):
+        return 0  # Snakemake ran no job (-n, --unlock, --list-rules, ...): no results table
     from kb_nano.kernels.table import print_kernels
 
     doc = json.loads((root / output_json).read_text())
@@ -237,7 +238,7 @@ def cmd_capture_golden(args, passthrough: list[str]) -> int:
                         print(line, file=sys.stderr)
         print(f"error: the Snakemake workflow failed (exit {code}); see the messages above", file=sys.stderr)
         return code
-    if args.dry_run:
+    if args.dry_run or snakemake_action(passthrough):
         return 0
     for key in keys:
         for sidecar in sorted((root / GOLDEN_DIR / key).glob("*.json")):
