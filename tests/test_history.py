@@ -262,6 +262,16 @@ def test_cli_compare_summary_counts_the_same_rows_only(ci_runs, capsys, monkeypa
     assert "A (removed)" in only and "B (added)" in only
 
 
+def test_cli_compare_of_runs_without_a_common_row(store, capsys):
+    """Runs with no row in common: nothing is compared (an empty table, not a crash) and
+    every row is listed as added or removed."""
+    uri, ids = store
+    assert main(["history", "--tracking-uri", uri, "--compare", ids["A"], ids["B"]]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0 rows in both runs compared: 0 significantly faster, 0 significantly slower" in out
+    assert "1 rows only in B (added), 2 only in A (removed)" in out
+
+
 @pytest.mark.parametrize("columns", [100, 200])
 def test_history_tables_fit_the_terminal(ci_runs, capsys, monkeypatch, columns):
     uri, ids = ci_runs

@@ -350,5 +350,7 @@ def test_the_docs_list_the_vendored_models_of_the_registry():
     table, readme_keys = documented_models()
     assert table == index, "docs/usage.md's Models table differs from config/models/models.yaml"
     assert sorted(readme_keys) == sorted(index), "README's vendored-model list differs from models.yaml"
-    vendored = {str(p.parent.relative_to(ROOT / "config/models")) for p in (ROOT / "config/models").rglob("config.json")}
+    vendored = {
+        str(p.parent.relative_to(ROOT / "config/models")) for p in (ROOT / "config/models").rglob("config.json")
+    }
     assert vendored == {*index.values(), "kb-nano/tiny-llama"}

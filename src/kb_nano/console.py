@@ -59,12 +59,13 @@ def fit_table(
     further (the one-line ones keep their width). The caption names the columns left out.
     ``width`` None: every column at its widest cell."""
     natural = [
-        min(max(_cell_width(c.header), *(_cell_width(r[i]) for r in rows)), c.max_width or 10**6)
+        min(max([_cell_width(c.header), *(_cell_width(r[i]) for r in rows)]), c.max_width or 10**6)
         for i, c in enumerate(columns)
     ]
     # a wrapping column: at least min_width, and its header's longest word unbroken
     need = [
-        min(n, max(c.min_width, *(len(w) for w in c.header.split()))) if c.wrap else n for n, c in zip(natural, columns)
+        min(n, max([c.min_width, *(len(w) for w in c.header.split())])) if c.wrap else n
+        for n, c in zip(natural, columns)
     ]
     if width is None:
         return _table(columns, rows, dict(enumerate(natural)), title, [])
