@@ -1,6 +1,6 @@
 """Shared helpers of the tracking/history/report tests: synthetic merged result sets
-(real kernel-row schema, written the way the merge writes them) and a real MLflow
-server subprocess on 127.0.0.1."""
+(real kernel-row schema, written the way the merge writes them), a real MLflow
+server subprocess on 127.0.0.1, and the column headers of printed rich tables."""
 
 from __future__ import annotations
 
@@ -92,6 +92,19 @@ def result_set(root: Path, rows: list[dict], manifest_text: str = "schema_versio
         "config": {"num_warmup": 1, "num_runs": 5, "models": ["llama31-8b"]},
         "marker": results / "mlflow" / "kernels.json",
     }
+
+
+def table_headers(out: str) -> list[str]:
+    """The column headers of each rich table in ``out``, one string per table: the words
+    of each column (a header may wrap onto several lines) joined by spaces."""
+    found, lines = [], out.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("┏"):
+            end = next(j for j in range(i, len(lines)) if lines[j].lstrip().startswith("┡"))
+            cells = [ln.strip().strip("┃").split("┃") for ln in lines[i + 1 : end]]
+            columns = [" ".join(" ".join(c[k] for c in cells).split()) for k in range(len(cells[0]))]
+            found.append(" | ".join(columns))
+    return found
 
 
 def free_port() -> int:

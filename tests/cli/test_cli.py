@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from tracking_helpers import row, table_headers
 from workflow_helpers import copy_workflow, kb_nano
 
 
@@ -23,6 +24,34 @@ def test_list_shows_every_operator(work):
     assert "rms_norm" in level1.stdout and "L1" in level1.stdout
 
 
+def test_list_shows_the_candidate_contract(work):
+    """`kernels --list` shows each baseline's constructor and forward signatures: what a
+    candidate must accept."""
+    from kb_nano import operators
+    from kb_nano.operators.base import contract
+
+    out = kb_nano(work, "kernels", "--list")
+    assert out.returncode == 0, out.stderr
+    assert "candidate contract" in out.stdout
+    for text in (
+        "RMSNorm(hidden_size: int, eps: float = 1e-06)",
+        "forward(x: torch.Tensor, residual: torch.Tensor | None = None)",
+        "SiluAndMul()",  # no __init__ of its own: nn.Module's takes no arguments
+        "forward(x: torch.Tensor) -> torch.Tensor",
+        "QKNorm(num_heads: int, num_kv_heads: int, head_dim: int, eps: float =",
+    ):
+        assert text in out.stdout, out.stdout
+    for name in operators.names():
+        baseline = operators.get(name).baseline
+        init, forward = contract(baseline)
+        assert init.startswith(baseline.__name__ + "(") and forward.startswith("forward(")
+        assert "self" not in init + forward and "'" not in forward
+    assert contract(operators.get("attention").baseline)[1] == (
+        "forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor | None = None, "
+        "value_cache: torch.Tensor | None = None) -> torch.Tensor"
+    )
+
+
 def test_map_shows_real_per_rank_shapes(work):
     out = kb_nano(work, "kernels", "--map", "--model", "llama31", "--tp", "1", "4")
     assert out.returncode == 0, out.stderr
@@ -31,6 +60,34 @@ def test_map_shows_real_per_rank_shapes(work):
     assert "x[N, 28672]" in text  # silu_and_mul input at tp=1: 2 * 14336
     assert "x[N, 7168]" in text  # ... and at tp=4
     assert "query[N, 1024]" in text and "key[N, 256]" in text  # rotary at tp=4: 8 heads, 2 kv heads
+
+
+@pytest.mark.parametrize("columns", [100, 200])
+def test_kernel_table_fits_the_terminal(monkeypatch, capsys, columns):
+    """The Tier-1 table at $COLUMNS (what rich reads): no line wider, and scenario,
+    candidate, status, speedup and its interval always there; the low-priority columns
+    are left out at 100 columns (the caption says so) and all shown at 200."""
+    from kb_nano.kernels.merge import summarize
+    from kb_nano.kernels.table import print_kernels
+
+    rows = [
+        row("fused_add_rms_norm", "fp32_sum", n=64, speedup=2.29, speedup_ci_low=1.38, speedup_ci_high=3.79),
+        row("rotary_embedding", "neox_inplace", model="mistral-7b-v03", n=16384, status="runtime_error"),
+        row("rms_norm", "triton_rowwise", status="skipped"),
+    ]
+    monkeypatch.setenv("COLUMNS", str(columns))
+    print_kernels(rows, summarize(rows))
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= columns, out
+    (head,) = table_headers(out)
+    for name in ("scenario", "candidate", "status", "speedup", "rerun 95%"):
+        assert name in head.split(" | "), out
+    flat = " ".join(out.split())
+    assert "2.29x" in flat and "1.38-3.79" in flat and "runtime_error" in flat
+    if columns == 200:
+        assert "baseline ms ±IQR" in head and "max_abs_err" in head and "left out" not in out
+    else:
+        assert "baseline ms ±IQR" not in head and "left out at 100 columns: max_abs_err" in flat
 
 
 @pytest.mark.parametrize(
@@ -116,6 +173,46 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
     doc = json.loads(out_json.read_text())
     assert {r["candidate"] for r in doc["rows"]} == {"rms_norm/torch_fused", "rms_norm/triton_rowwise"}
     assert all(r["num_runs"] >= 3 for r in doc["rows"] if r["status"] == "passed")  # at least: small calls get more
+
+
+@pytest.mark.slow
+def test_snakemake_actions_that_run_no_job_print_no_table(work):
+    """After a real run, `kb_nano kernels -- --unlock` (and the other Snakemake-only
+    actions after `--`) prints what Snakemake says, not the previous run's table."""
+    small = ["--target", "rms_norm", "--model", "llama32-1b", "--tp", "1", "--num-tokens", "1"]
+    first = kb_nano(work, "kernels", *small, "--num-warmup", "1", "--num-runs", "3")
+    assert first.returncode == 0 and "rms_norm__llama32-1b__tp1__n1" in first.stdout, first.stdout + first.stderr
+    (work / ".snakemake/locks").mkdir(parents=True, exist_ok=True)
+    (work / ".snakemake/locks/0.input.lock").write_text("stale\n")  # a crashed run's lock
+    for extra, said in (
+        (["--unlock"], "Unlocked working directory"),
+        (["-np"], "Nothing to be done"),
+        (["--list-rules"], "kernel_bench"),
+        (["--summary"], "merge_kernels"),
+        (["--cleanup-metadata", "results/kernels.json"], ""),  # (says nothing)
+    ):
+        out = kb_nano(work, "kernels", *small, "--num-warmup", "1", "--num-runs", "3", "--", *extra)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert said in out.stdout + out.stderr, (extra, out.stdout + out.stderr)
+        for table in ("kb-nano kernels", "rms_norm__llama32-1b__tp1__n1 ", "results: ", "MLflow: "):
+            assert table not in out.stdout, (extra, out.stdout)
+        if extra == ["--unlock"]:
+            locks = work / ".snakemake/locks"
+            assert not locks.exists() or not any(locks.iterdir())
+
+
+def test_snakemake_action_reads_snakemakes_own_options():
+    from kb_nano.cli.snakemake import snakemake_action
+
+    assert snakemake_action(["--unl"]) == "--unlock"  # argparse abbreviation
+    assert snakemake_action(["-np"]) == "--dry-run"  # short-option cluster
+    assert snakemake_action(["--cm", "results/kernels.json"]) == "--cleanup-metadata"
+    assert snakemake_action(["-e", "dryrun"]) == "--executor"
+    assert snakemake_action(["--report"]) == "--report"
+    assert snakemake_action(["--version"]) == "--help/--version"
+    for runs_jobs in ([], ["--profile", "profiles/slurm"], ["-j", "4"], ["--report", "--report-after-run"]):
+        assert snakemake_action(runs_jobs) is None, runs_jobs
+    assert snakemake_action(["--forcerun", "merge_kernels", "-e", "slurm"]) is None
 
 
 @pytest.mark.slow

@@ -324,3 +324,30 @@ def test_a_mistyped_target_or_model_gets_a_suggestion():
     with pytest.raises(KbNanoError) as exc:
         resolve("zzz", REPO)
     assert "did you mean" not in str(exc.value)
+
+
+def documented_models() -> tuple[dict[str, str], list[str]]:
+    """The vendored models the docs name: docs/usage.md's Models table (key -> Hub id)
+    and the keys of the README's "model configs are vendored (...)" list."""
+    import re
+
+    usage = (REPO / "docs/usage.md").read_text()
+    table = dict(re.findall(r"^\| `([a-z0-9.-]+)` \| `([^`]+)` \|$", usage, flags=re.MULTILINE))
+    readme = " ".join((REPO / "README.md").read_text().split())
+    listed = re.search(r"the model configs are vendored \((.*?); their Hub ids", readme)
+    assert listed, "README: the list of vendored model keys is missing"
+    return table, re.findall(r"`([^`]+)`", listed.group(1))
+
+
+def test_the_docs_list_the_vendored_models_of_the_registry():
+    """README.md and docs/usage.md name exactly the models of config/models/models.yaml,
+    and every config.json vendored under config/models/ is one of them (or the embedded
+    tiny Llama, which has no key)."""
+    index = load_index(REPO)
+    table, readme_keys = documented_models()
+    assert table == index, "docs/usage.md's Models table differs from config/models/models.yaml"
+    assert sorted(readme_keys) == sorted(index), "README's vendored-model list differs from models.yaml"
+    vendored = {
+        str(p.parent.relative_to(REPO / "config/models")) for p in (REPO / "config/models").rglob("config.json")
+    }
+    assert vendored == {*index.values(), "kb-nano/tiny-llama"}

@@ -14,7 +14,7 @@ import time
 import urllib.request
 
 import pytest
-from tracking_helpers import free_port, result_set, row, stop, wait_http
+from tracking_helpers import free_port, result_set, row, stop, table_headers, wait_http
 
 from kb_nano import tracking
 from kb_nano.cli import main
@@ -187,3 +187,104 @@ def test_compare_with_a_too_short_prefix_says_so(store, capsys):
     uri, ids = store
     assert main(["history", "--tracking-uri", uri, "--compare", ids["A"][:2], ids["C"]]) == 2
     assert "give at least 4 characters" in capsys.readouterr().err
+
+
+def _ci_row(target: str, n: int, speedup: float | None, ci: tuple | None, status: str = "passed") -> dict:
+    lo, hi = ci or (None, None)
+    return row(target, "fast", n=n, status=status, speedup=speedup, speedup_ci_low=lo, speedup_ci_high=hi)
+
+
+@pytest.fixture(scope="module")
+def ci_runs(tmp_path_factory):
+    """Two real runs with rerun intervals. A -> B: n1 faster (intervals apart), n64 slower
+    (apart), n256 changed within overlapping intervals, n1024 passed -> incorrect;
+    silu_and_mul n1 only in A, silu_and_mul n64 only in B."""
+    tmp = tmp_path_factory.mktemp("history_ci")
+    uri = tracking.default_tracking_uri(tmp)
+    a = [
+        _ci_row("rms_norm", 1, 1.0, (0.95, 1.05)),
+        _ci_row("rms_norm", 64, 2.0, (1.9, 2.1)),
+        _ci_row("rms_norm", 256, 1.5, (1.2, 1.8)),
+        _ci_row("rms_norm", 1024, 1.1, (1.0, 1.2)),
+        _ci_row("silu_and_mul", 1, 3.0, (2.9, 3.1)),
+    ]
+    b = [
+        _ci_row("rms_norm", 1, 1.5, (1.4, 1.6)),
+        _ci_row("rms_norm", 64, 1.5, (1.4, 1.6)),
+        _ci_row("rms_norm", 256, 1.6, (1.3, 1.9)),
+        _ci_row("rms_norm", 1024, None, None, status="incorrect"),
+        _ci_row("silu_and_mul", 64, 0.2, (0.1, 0.3)),
+    ]
+    ids = {}
+    for name, rows in (("A", a), ("B", b)):
+        ids[name] = tracking.log_kernels(**result_set(tmp / name, rows), tracking_uri=uri)["run_id"]
+        time.sleep(0.02)
+    return uri, ids
+
+
+def test_compare_only_rows_in_both_runs_with_significance(ci_runs):
+    uri, ids = ci_runs
+    result = history.compare_runs(uri, ids["A"], ids["B"])
+    by = {r["scenario_id"]: r for r in result["rows"]}
+    assert set(by) == {f"rms_norm__llama31-8b__tp1__n{n}" for n in (1, 64, 256, 1024)}
+    sig = {sid.rsplit("__n", 1)[1]: r["significant"] for sid, r in by.items()}
+    assert sig == {"1": "faster", "64": "slower", "256": "no", "1024": None}
+    assert by["rms_norm__llama31-8b__tp1__n1"]["ci_b"] == pytest.approx((1.4, 1.6))
+    assert result["rows"][0]["status_b"] == "incorrect"  # status changes first
+    assert [r["scenario_id"] for r in result["removed"]] == ["silu_and_mul__llama31-8b__tp1__n1"]
+    assert [r["scenario_id"] for r in result["added"]] == ["silu_and_mul__llama31-8b__tp1__n64"]
+    assert result["summary"] == {
+        "compared": 4,
+        "faster": 1,
+        "slower": 1,
+        "no_interval": 0,
+        "status_changed": 1,
+        "added": 1,
+        "removed": 1,
+    }
+    assert history.significance((1.0, 2.0), (2.0, 3.0)) == "no"  # touching intervals overlap
+    assert history.significance(None, (2.0, 3.0)) is None
+
+
+def test_cli_compare_summary_counts_the_same_rows_only(ci_runs, capsys, monkeypatch):
+    uri, ids = ci_runs
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["history", "--tracking-uri", uri, "--compare", ids["A"][:8], ids["B"][:8]]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "4 rows in both runs compared: 1 significantly faster, 1 significantly slower (95% rerun intervals "
+        "apart), 1 status changes; 1 rows only in B (added), 1 only in A (removed)"
+    ) in " ".join(out.split())
+    assert "geomean" not in out  # no summary over two different row sets
+    compared, only = out.split("rows only one run has")
+    assert "silu_and_mul" not in compared and "passed → incorrect" in compared
+    assert "1.50x (1.40-1.60)" in compared and "faster" in compared and "slower" in compared
+    assert "A (removed)" in only and "B (added)" in only
+
+
+def test_cli_compare_of_runs_without_a_common_row(store, capsys):
+    """Runs with no row in common: nothing is compared (an empty table, not a crash) and
+    every row is listed as added or removed."""
+    uri, ids = store
+    assert main(["history", "--tracking-uri", uri, "--compare", ids["A"], ids["B"]]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0 rows in both runs compared: 0 significantly faster, 0 significantly slower" in out
+    assert "1 rows only in B (added), 2 only in A (removed)" in out
+
+
+@pytest.mark.parametrize("columns", [100, 200])
+def test_history_tables_fit_the_terminal(ci_runs, capsys, monkeypatch, columns):
+    uri, ids = ci_runs
+    monkeypatch.setenv("COLUMNS", str(columns))  # what rich reads for the console width
+    assert main(["history", "--tracking-uri", uri]) == 0
+    assert main(["history", "--tracking-uri", uri, "--compare", ids["A"], ids["B"]]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= columns, out
+    runs_head, compare_head = table_headers(out)[:2]
+    assert all(w in runs_head for w in ("run", "time", "pass rate", "geomean speedup")), out
+    for w in ("scenario", "candidate", "status", "speedup A (95%)", "speedup B (95%)", "significant"):
+        assert w in compare_head, out
+    if columns == 200:
+        assert "left out" not in out and "git sha" in runs_head and "change" in compare_head
+    else:
+        assert "left out at 100 columns:" in out and "git sha" not in runs_head

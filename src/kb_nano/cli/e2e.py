@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kb_nano import gpus
 from kb_nano.cli.config import DEFAULT_CONFIG, base_config, preflight
-from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, workflow_failed
+from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
 
@@ -83,7 +83,7 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
     code = run_snakemake(root, ["results/e2e.parquet", output_json, marker], {"e2e": e2e}, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "e2e")
-    if args.dry_run:
+    if args.dry_run or snakemake_action(passthrough):
         return 0
     from kb_nano.e2e.table import print_e2e
 
@@ -147,7 +147,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
     code = run_snakemake(root, ["results/eval.parquet", ev["output_json"], marker], {"eval": ev}, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "eval")
-    if args.dry_run:
+    if args.dry_run or snakemake_action(passthrough):
         return 0
     from kb_nano.eval.table import print_eval
 

@@ -11,29 +11,56 @@ from pathlib import Path
 from kb_nano import operators
 from kb_nano import workflow as kbw
 from kb_nano.cli.config import DEFAULT_CONFIG, base_config, config_overrides, preflight, select_models
-from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, workflow_failed
+from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
+from kb_nano.console import Column
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
 
+# ``drop``: left out first on a narrow terminal (kb_nano.console.fit_table)
+LIST_COLUMNS = (
+    Column("target"),
+    Column("level", drop=2),
+    Column("category", drop=2),
+    Column("baseline module", wrap=True, min_width=12, drop=3),
+    Column("candidate contract: constructor, forward", wrap=True, min_width=30, max_width=72),
+    Column("used in", wrap=True, min_width=16, max_width=40, drop=1),
+)
+
 
 def cmd_list(args) -> int:
-    """``kernels --list [--level N]``: the operator registry."""
-    from rich.table import Table
+    """``kernels --list [--level N]``: the operator registry, with each baseline's module
+    and its constructor and forward signatures (the candidate contract,
+    :func:`kb_nano.operators.base.contract`), fitted to the console's width."""
+    from rich.markup import escape
 
-    from kb_nano.console import make_console
+    from kb_nano.console import fit_table, make_console
+    from kb_nano.operators.base import contract
 
-    table = Table(title="kb-nano operators" + (f" (level {args.level})" if args.level else ""))
-    for col in ("target", "level", "category", "baseline", "used in"):
-        table.add_column(col)
-    shown = 0
+    cells = []
     for name in operators.names():
         op = operators.get(name)
         if args.level and op.level != args.level:
             continue
-        table.add_row(name, f"L{op.level}", op.category, f"{op.baseline.__module__}.{op.baseline.__name__}", op.used_in)
-        shown += 1
-    make_console().print(table)
-    if not shown:
+        init, forward = contract(op.baseline)
+        cells.append(
+            [
+                name,
+                f"L{op.level}",
+                op.category,
+                op.baseline.__module__,
+                f"{escape(init)}\n{escape(forward)}",
+                op.used_in,
+            ]
+        )
+    console = make_console()
+    title = "kb-nano operators" + (f" (level {args.level})" if args.level else "")
+    console.print(fit_table(list(LIST_COLUMNS), cells, console.width, title))
+    if cells:
+        print(
+            "a candidate (candidates/<target>/<name>.py) is one nn.Module taking the constructor's arguments and "
+            "forward's inputs above, with the baseline's state_dict keys (docs/kernels.md#candidates)"
+        )
+    else:
         print(
             f"no operators at level {args.level} yet (levels present: "
             f"{', '.join(sorted({f'L{e.level}' for e in operators.CATALOG.values()}))})"
@@ -85,7 +112,8 @@ def _shape_text(spec: dict) -> str:
 
 
 def cmd_kernels(args, passthrough: list[str]) -> int:
-    """``kb_nano kernels``: run the Tier-1 DAG and print the merged table."""
+    """``kb_nano kernels``: run the Tier-1 DAG and print the merged table (not after a
+    Snakemake action that runs no job, e.g. ``-- --unlock``: :func:`snakemake_action`)."""
     root = find_workflow_root()
     if args.level and not args.list:
         raise KbNanoError("--level only filters --list; to run one level use --target or --category")
@@ -112,8 +140,8 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     code = run_snakemake(root, ["results/kernels.parquet", output_json, marker], config, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "kernels")
-    if args.dry_run:
-        return 0
+    if args.dry_run or snakemake_action(passthrough):
+        return 0  # Snakemake ran no job (-n, --unlock, --list-rules, ...): no results table
     from kb_nano.kernels.table import print_kernels
 
     doc = json.loads((root / output_json).read_text())
@@ -209,7 +237,7 @@ def cmd_capture_golden(args, passthrough: list[str]) -> int:
                         print(line, file=sys.stderr)
         print(f"error: the Snakemake workflow failed (exit {code}); see the messages above", file=sys.stderr)
         return code
-    if args.dry_run:
+    if args.dry_run or snakemake_action(passthrough):
         return 0
     for key in keys:
         for sidecar in sorted((root / GOLDEN_DIR / key).glob("*.json")):

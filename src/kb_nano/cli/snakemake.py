@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -14,6 +15,94 @@ import yaml
 
 from kb_nano import gpus
 from kb_nano.errors import KbNanoError
+
+# Snakemake's actions that run no job (snakemake.cli.args_to_api): the attribute of its
+# parsed arguments and the option names that set it. After one of them kb_nano prints only
+# what Snakemake said, not the results table of an earlier run.
+NO_JOB_ACTIONS = {
+    "dryrun": ("--dry-run", "--dryrun", "-n"),
+    "touch": ("--touch", "-t"),
+    "lint": ("--lint",),
+    "list_target_rules": ("--list-target-rules", "--lt"),
+    "list_rules": ("--list-rules", "--list", "-l"),
+    "print_compilation": ("--print-compilation",),
+    "containerize": ("--containerize",),
+    "generate_unit_tests": ("--generate-unit-tests",),
+    "dag": ("--dag",),
+    "rulegraph": ("--rulegraph",),
+    "filegraph": ("--filegraph",),
+    "d3dag": ("--d3dag",),
+    "unlock": ("--unlock",),
+    "cleanup_metadata": ("--cleanup-metadata", "--cm"),
+    "conda_cleanup_envs": ("--conda-cleanup-envs",),
+    "conda_create_envs_only": ("--conda-create-envs-only",),
+    "list_conda_envs": ("--list-conda-envs",),
+    "cleanup_shadow": ("--cleanup-shadow",),
+    "container_cleanup_images": ("--container-cleanup-images",),
+    "list_changes": ("--list-changes", "--lc"),
+    "list_input_changes": ("--list-input-changes", "--li"),
+    "list_params_changes": ("--list-params-changes", "--lp"),
+    "list_untracked": ("--list-untracked", "--lu"),
+    "summary": ("--summary", "-S"),
+    "detailed_summary": ("--detailed-summary", "-D"),
+    "archive": ("--archive",),
+    "delete_all_output": ("--delete-all-output",),
+    "delete_temp_output": ("--delete-temp-output",),
+    "export_cwl": ("--export-cwl",),
+    "report": ("--report",),  # unless --report-after-run
+    "executor": ("--executor", "-e"),  # -e dryrun / touch
+}
+_EXITS = ("--help", "-h", "--version", "-v")  # Snakemake prints and exits while parsing
+
+
+def _may_name_an_action(passthrough: list[str]) -> bool:
+    """Whether any argument could be (an abbreviation of, or a short-option cluster with)
+    an option of NO_JOB_ACTIONS; when not, Snakemake's parser need not be imported (1-2 s)."""
+    options = [o for names in NO_JOB_ACTIONS.values() for o in names] + list(_EXITS)
+    shorts = {o[1] for o in options if len(o) == 2}
+    for arg in passthrough:
+        if arg.startswith("--") and len(arg) > 2:
+            name = arg.split("=", 1)[0]
+            if any(o.startswith(name) for o in options if o.startswith("--")):
+                return True
+        elif arg.startswith("-") and len(arg) > 1 and shorts & set(arg[1:]):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=8)
+def _snakemake_action(passthrough: tuple[str, ...]) -> str | None:
+    if not _may_name_an_action(list(passthrough)):
+        return None
+    import io
+
+    from snakemake.cli import get_argument_parser
+
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            ns, _ = get_argument_parser().parse_known_args(list(passthrough))
+    except SystemExit as exc:
+        return "--help/--version" if exc.code in (0, None) else None
+    for attr, names in NO_JOB_ACTIONS.items():
+        value = getattr(ns, attr, None)
+        if attr == "executor":
+            value = value if value in ("dryrun", "touch") else None
+        elif attr == "report" and getattr(ns, "report_after_run", False):
+            value = None
+        if value not in (None, False):
+            return names[0]
+    return None
+
+
+def snakemake_action(passthrough: list[str]) -> str | None:
+    """The option among the arguments after ``--`` whose Snakemake action runs no job
+    (``--unlock``, ``--dry-run``, ``--list-rules``, ``--summary``, ``--cleanup-metadata``,
+    ``--help``, ...: :data:`NO_JOB_ACTIONS`), or None. The arguments are read with
+    Snakemake's own parser, so abbreviations (``--unl``) and short-option clusters
+    (``-np``) count; arguments it rejects give None (Snakemake then fails with its own
+    message). With one, the commands print what Snakemake says and no results table."""
+    return _snakemake_action(tuple(passthrough))
 
 
 def run_snakemake(root: Path, targets: list[str], config: dict, args, passthrough: list[str]) -> int:
@@ -53,11 +142,16 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         # Snakemake only counts GPUs: at most one GPU job per device of the pool at once;
         # each job then leases a concrete device id (kb_nano.gpus).
         cmd += ["--resources", f"gpu={len(pool)}"]
+    no_jobs = args.dry_run or snakemake_action(passthrough) is not None
     if args.dry_run:
         cmd += ["--dry-run"]
-    elif "results/kernels.parquet" in targets and not {"--profile", "--executor", "-e"} & set(passthrough):
+    elif (
+        "results/kernels.parquet" in targets
+        and not no_jobs
+        and not {"--profile", "--executor", "-e"} & set(passthrough)
+    ):
         env["KB_NANO_PRESTART_JUDGE"] = "1"  # local kernel jobs: start the judge while Snakemake parses
-    if not args.verbose and not args.dry_run and "--quiet" not in passthrough:
+    if not args.verbose and not no_jobs and "--quiet" not in passthrough:
         cmd += ["--quiet", "rules"]  # (a dry run lists every job, as `snakemake -n` does)
     # Under the workflow directory, not /tmp: cluster jobs (`-- --profile profiles/slurm`)
     # re-read every --configfile on their node, which shares the workflow directory only.

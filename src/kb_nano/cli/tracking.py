@@ -27,9 +27,11 @@ def _tracking_uri(args) -> tuple[Path, str]:
 
 
 def cmd_history(args, passthrough: list[str]) -> int:
-    """``kb_nano history``: recorded runs as a table, or ``--compare RUN_A RUN_B``
-    per-scenario speedup changes; read through the MLflow client. A store MLflow cannot
-    read (e.g. a corrupt SQLite file) is a one-line error."""
+    """``kb_nano history``: recorded runs as a table, or ``--compare RUN_A RUN_B``: the
+    rows both runs have with their speedup changes and whether each is significant, the
+    rows only one has, and a summary line; read through the MLflow client. Tables fit
+    the console's width. A store MLflow cannot read (e.g. a corrupt SQLite file) is a
+    one-line error."""
     try:
         return _history(args, passthrough)
     except KbNanoError:
@@ -47,6 +49,7 @@ def cmd_history(args, passthrough: list[str]) -> int:
 def _history(args, passthrough: list[str]) -> int:
     from kb_nano.console import make_console
     from kb_nano.tracking import history
+    from kb_nano.tracking import history_tables as tables
 
     if passthrough:
         raise KbNanoError(f"history takes no arguments after -- (got {' '.join(passthrough)})")
@@ -56,19 +59,11 @@ def _history(args, passthrough: list[str]) -> int:
     console = make_console()
     if args.compare:
         result = history.compare_runs(uri, *args.compare)
-        console.print(history.compare_table(result))
-        a, b = result["a"], result["b"]
-        both = [r for r in result["rows"] if r["status_a"] and r["status_b"]]
-        changed = sum(r["status_a"] != r["status_b"] for r in both)
-        only = {k: sum(r[f"status_{k}"] is None for r in result["rows"]) for k in ("a", "b")}
-        gm = {
-            k: f"{s['geomean_speedup']:.3f}x" if s["geomean_speedup"] is not None else "-"
-            for k, s in (("a", a), ("b", b))
-        }
-        console.print(
-            f"geomean speedup A {gm['a']} -> B {gm['b']}; {len(both)} rows in both runs, {changed} changed "
-            f"status; {only['b']} only in A, {only['a']} only in B"
-        )
+        console.print(tables.compare_table(result, width=console.width))
+        only = tables.only_table(result, width=console.width)
+        if only is not None:
+            console.print(only)
+        console.print(history.compare_summary(result))
         return 0
     runs = history.list_runs(
         uri, tier=args.tier, target=args.target, candidate=args.candidate, model=args.model, limit=args.limit
@@ -81,7 +76,8 @@ def _history(args, passthrough: list[str]) -> int:
     if not runs:
         print(f"no kb-nano runs{' matching ' + filters if filters else ''} in {uri}")
         return 0
-    console.print(history.history_table(runs, title="kb-nano history" + (f" ({filters})" if filters else "")))
+    title = "kb-nano history" + (f" ({filters})" if filters else "")
+    console.print(tables.history_table(runs, title=title, width=console.width))
     print(f"store: {uri}")
     return 0
 

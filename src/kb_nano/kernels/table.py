@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kb_nano.console import make_console, num
+from kb_nano.console import Column, fit_table, make_console, num
 
 STATUS_STYLE = {"passed": "green", "skipped": "yellow"}
 
@@ -55,48 +55,58 @@ def _ci(r: dict) -> str:
     return f"{lo:.2f}-{hi:.2f}"
 
 
-def kernel_table(rows: list[dict], title: str = "kb-nano kernels") -> Table:
+# The kernel table's columns; ``drop``: left out first when the terminal is too narrow
+# (max_abs_err, then the medians, then the note); the rest is always shown.
+COLUMNS = (
+    Column("scenario", wrap=True, min_width=20),
+    Column("candidate", wrap=True, min_width=14),
+    Column("status"),
+    Column("max_abs_err", "right", drop=3),
+    Column("baseline ms ±IQR", "right", drop=2),
+    Column("candidate ms ±IQR", "right", drop=2),
+    Column("speedup", "right"),
+    Column("rerun 95%", "right"),
+    Column("note", wrap=True, min_width=16, drop=1),
+)
+
+
+def kernel_table(rows: list[dict], title: str = "kb-nano kernels", width: int | None = None) -> Table:
     """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline and
     candidate median ms ± IQR (ms), speedup (baseline median / candidate median), its
     95% rerun interval (:func:`kb_nano.kernels.timing.speedup_interval`), and the error, or notes: a roofline "REVIEW" flag,
     "not significant" when the interval contains 1.0, CUDA-graph replay times when
     measured, "golden inputs" (captured tensors, see :mod:`kb_nano.models.golden`) and a "noisy"
-    flag when an IQR exceeds 25% of its median."""
-    table = Table(title=title, show_lines=False)
-    for col, justify in (
-        ("scenario", "left"),
-        ("candidate", "left"),
-        ("status", "left"),
-        ("max_abs_err", "right"),
-        ("baseline ms ±IQR", "right"),
-        ("candidate ms ±IQR", "right"),
-        ("speedup", "right"),
-        ("rerun 95%", "right"),
-        ("note", "left"),
-    ):
-        table.add_column(col, justify=justify, overflow="fold", no_wrap=col in ("scenario", "candidate"))
+    flag when an IQR exceeds 25% of its median.
+
+    ``width`` (terminal columns; None = no limit): narrower than the full table, the
+    note folds and max_abs_err, the medians and then the note are left out (the caption
+    says which); scenario, candidate, status, speedup and rerun 95% always stay."""
+    cells = []
     for r in rows:
         style = STATUS_STYLE.get(r["status"], "red")
         speed = r.get("speedup")
-        table.add_row(
-            escape(r["scenario_id"]),
-            escape(r["candidate"]),
-            f"[{style}]{r['status']}[/{style}]",
-            num(r.get("max_abs_err"), ".3g"),
-            _ms(r.get("baseline_ms"), r.get("baseline_ms_iqr")),
-            _ms(r.get("candidate_ms"), r.get("candidate_ms_iqr")),
-            num(speed, ".2f")
-            + ("x" if speed is not None and not (isinstance(speed, float) and math.isnan(speed)) else ""),
-            _ci(r),
-            escape(_note(r)),
+        cells.append(
+            [
+                escape(r["scenario_id"]),
+                escape(r["candidate"]),
+                f"[{style}]{r['status']}[/{style}]",
+                num(r.get("max_abs_err"), ".3g"),
+                _ms(r.get("baseline_ms"), r.get("baseline_ms_iqr")),
+                _ms(r.get("candidate_ms"), r.get("candidate_ms_iqr")),
+                num(speed, ".2f")
+                + ("x" if speed is not None and not (isinstance(speed, float) and math.isnan(speed)) else ""),
+                _ci(r),
+                escape(_note(r)),
+            ]
         )
-    return table
+    return fit_table(list(COLUMNS), cells, width, title)
 
 
 def print_kernels(rows: list[dict], summary: dict, console: Console | None = None) -> None:
-    """Print the kernel table and a one-line summary (pass rate, geomean speedup)."""
+    """Print the kernel table, fitted to the console's width, and a one-line summary
+    (pass rate, geomean speedup)."""
     console = console or make_console()
-    console.print(kernel_table(rows))
+    console.print(kernel_table(rows, width=console.width))
     by_status = ", ".join(f"{n} {s}" for s, n in summary["by_status"].items())
     rate = summary["pass_rate"]
     gm = summary["geomean_speedup"]

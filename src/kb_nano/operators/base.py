@@ -100,6 +100,40 @@ TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 
+class _Annotation(str):
+    """An annotation kept as source text (``from __future__ import annotations``),
+    shown unquoted by ``inspect``."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _signature(func, name: str, returns: bool) -> str:
+    import inspect
+
+    sig = inspect.signature(func)
+    params = [
+        p.replace(annotation=_Annotation(p.annotation)) if isinstance(p.annotation, str) else p
+        for p in list(sig.parameters.values())[1:]  # without self
+    ]
+    ret = sig.return_annotation if returns else inspect.Signature.empty
+    if isinstance(ret, str):
+        ret = _Annotation(ret)
+    return name + str(sig.replace(parameters=params, return_annotation=ret))
+
+
+def contract(baseline: type[torch.nn.Module]) -> tuple[str, str]:
+    """The candidate contract of an operator: its baseline's constructor and forward
+    signatures as text, without ``self``, e.g. ``("RMSNorm(hidden_size: int, eps: float =
+    1e-06)", "forward(x: torch.Tensor, residual: torch.Tensor | None = None)")``. A
+    baseline without its own ``__init__`` (nn.Module's) shows ``Name()``."""
+    if baseline.__init__ is torch.nn.Module.__init__:
+        init = f"{baseline.__name__}()"
+    else:
+        init = _signature(baseline.__init__, baseline.__name__, returns=False)
+    return init, _signature(baseline.forward, "forward", returns=True)
+
+
 def tolerance_for(op: Operator, dtype: str) -> tuple[float, float]:
     """``(atol, rtol)`` of ``op`` for scenario dtype ``dtype`` (the bf16 entry when the
     table has no row for it)."""

@@ -2,8 +2,10 @@
 
 :func:`list_runs` searches the ``kb_nano/{tier}`` experiments (FINISHED runs, newest
 first) and filters by target, candidate, model; :func:`compare_runs` downloads the merged
-rows artifact of two runs and lines up per-scenario speedups. Both read the tracking
-store (SQLite or a server) through ``mlflow.MlflowClient``, never the results files.
+rows artifact of two runs and lines up the rows both have, with the significance of
+each speedup change (:func:`significance`). Both read the tracking store (SQLite or a
+server) through ``mlflow.MlflowClient``, never the results files. The tables are in
+:mod:`kb_nano.tracking.history_tables`.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ import math
 import tempfile
 from datetime import datetime
 from pathlib import Path
-
-from rich.table import Table
 
 from kb_nano.errors import KbNanoError
 from kb_nano.tracking import (
@@ -183,15 +183,40 @@ def _run_rows(tracking_uri: str, run) -> list[dict]:
         return json.loads(Path(local).read_text())["rows"]
 
 
-def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
-    """Per-scenario comparison of two runs of the same tier (ids or unique prefixes).
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
 
-    Returns ``{"a": summary, "b": summary, "rows": [...]}``; each row has the key fields
-    (kernels: scenario_id, candidate), ``status_a``/``status_b``, ``speedup_a``/
-    ``speedup_b`` (None where not passed or absent) and ``change`` = speedup_b / speedup_a
-    - 1 (a fraction; None unless both passed). Rows whose status changed come first,
-    then the largest relative changes (either direction), then rows without a change. Raises ``KbNanoError`` for an unknown run,
-    runs of different tiers, or an unreachable server.
+
+def significance(ci_a: tuple | None, ci_b: tuple | None) -> str | None:
+    """Whether B's speedup differs from A's, from the two rows' 95% rerun intervals
+    ``(low, high)``: ``"faster"`` when B's interval lies wholly above A's, ``"slower"``
+    when wholly below, ``"no"`` when they overlap, None when either row has no interval.
+    Conservative: two 95% intervals that do not overlap mean a difference well beyond
+    the 5% level, while some real differences have overlapping intervals."""
+    if ci_a is None or ci_b is None:
+        return None
+    if ci_b[0] > ci_a[1]:
+        return "faster"
+    if ci_b[1] < ci_a[0]:
+        return "slower"
+    return "no"
+
+
+def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
+    """Per-row comparison of two runs of the same tier (ids or unique prefixes).
+
+    Only rows present in both runs are compared (kernels: same scenario_id and
+    candidate). Returns ``{"tier", "a": summary, "b": summary, "rows", "added",
+    "removed", "summary"}``. Each of ``rows`` has the key fields, ``status_a``/``status_b``,
+    ``speedup_a``/``speedup_b`` and ``ci_a``/``ci_b`` (the 95% rerun interval as
+    ``(low, high)``; None where not passed or not measured), ``change`` = speedup_b /
+    speedup_a - 1 (a fraction; None unless both passed) and ``significant``
+    (:func:`significance`: faster, slower, no, None). Rows whose status changed come first,
+    then significant changes, then the largest relative changes. ``added`` (only in B)
+    and ``removed`` (only in A) hold the key fields and ``status``. ``summary`` counts
+    compared, faster, slower (significant), no_interval, status_changed, added and
+    removed. Raises ``KbNanoError`` for an unknown run, runs of different tiers, or an
+    unreachable server.
     """
     if not store_exists(tracking_uri):
         raise KbNanoError(f"--compare: no MLflow store at {tracking_uri} yet; run `kb_nano kernels` first")
@@ -207,116 +232,73 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
     rows_b = {tuple(r[k] for k in keys): r for r in _run_rows(tracking_uri, rb)}
 
     def val(r):
-        if r is None or r.get("status") != "passed":
-            return None
-        v = r.get(value)
-        return v if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
+        v = r.get(value) if r.get("status") == "passed" else None
+        return v if _finite(v) and v > 0 else None
+
+    def ci(r):
+        lo, hi = (r.get(f"{value}_ci_low"), r.get(f"{value}_ci_high")) if r.get("status") == "passed" else (None, None)
+        return (lo, hi) if _finite(lo) and _finite(hi) else None
 
     out = []
-    for key in list(rows_a) + [k for k in rows_b if k not in rows_a]:
-        a, b = rows_a.get(key), rows_b.get(key)
+    for key in [k for k in rows_a if k in rows_b]:
+        a, b = rows_a[key], rows_b[key]
         va, vb = val(a), val(b)
         out.append(
             {
                 **dict(zip(keys, key)),
-                "status_a": a["status"] if a else None,
-                "status_b": b["status"] if b else None,
+                "status_a": a["status"],
+                "status_b": b["status"],
                 f"{value}_a": va,
                 f"{value}_b": vb,
+                "ci_a": ci(a),
+                "ci_b": ci(b),
                 "change": vb / va - 1 if va and vb else None,
+                "significant": significance(ci(a), ci(b)) if va and vb else None,
             }
         )
     out.sort(
         key=lambda r: (
             r["status_a"] == r["status_b"],
+            r["significant"] not in ("faster", "slower"),
             r["change"] is None,
             -abs(r["change"] or 0.0),
             *(str(r[k]) for k in keys),
         )
     )
-    return {"tier": ta, "a": _summary(ra, ta), "b": _summary(rb, tb), "rows": out}
+
+    def only(mine: dict, other: dict) -> list[dict]:
+        return [{**dict(zip(keys, k)), "status": mine[k]["status"]} for k in sorted(mine) if k not in other]
+
+    both_passed = [r for r in out if r["change"] is not None]
+    summary = {
+        "compared": len(out),
+        "faster": sum(r["significant"] == "faster" for r in out),
+        "slower": sum(r["significant"] == "slower" for r in out),
+        "no_interval": sum(r["significant"] is None for r in both_passed),
+        "status_changed": sum(r["status_a"] != r["status_b"] for r in out),
+    }
+    added, removed = only(rows_b, rows_a), only(rows_a, rows_b)
+    summary.update(added=len(added), removed=len(removed))
+    return {
+        "tier": ta,
+        "a": _summary(ra, ta),
+        "b": _summary(rb, tb),
+        "rows": out,
+        "added": added,
+        "removed": removed,
+        "summary": summary,
+    }
 
 
-# ----------------------------------------------------------------------------- tables
-
-
-def _fmt(value, fmt: str, suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return format(value, fmt) + suffix
-
-
-def _candidates_text(cands: list[str], width: int = 3) -> str:
-    if len(cands) <= width:
-        return ", ".join(cands)
-    return f"{len(cands)}: " + ", ".join(cands[:width]) + ", …"
-
-
-def history_table(runs: list[dict], title: str = "kb-nano history") -> Table:
-    """Rich table of :func:`list_runs` results: run (id prefix), time, tier, candidates,
-    scenarios run, pass rate, geometric-mean speedup over passed rows, git sha."""
-    table = Table(title=title)
-    for col, justify in (
-        ("run", "left"),
-        ("time", "left"),
-        ("tier", "left"),
-        ("candidates", "left"),
-        ("rows run", "right"),
-        ("pass rate", "right"),
-        ("geomean speedup", "right"),
-        ("git sha", "left"),
-    ):
-        table.add_column(col, justify=justify, overflow="fold", no_wrap=col in ("run", "time"))
-    for r in runs:
-        rate = r["pass_rate"]
-        table.add_row(
-            r["run_id"][:12],
-            r["start_time"].strftime("%Y-%m-%d %H:%M:%S"),
-            r["tier"],
-            _candidates_text(r["candidates"]),
-            _fmt(r["scenarios_run"], ".0f"),
-            _fmt(rate * 100 if rate is not None else None, ".0f", "%"),
-            _fmt(r["geomean_speedup"], ".3f", "x"),
-            (r["git_sha"] or "-")[:12] + ("-dirty" if (r["git_sha"] or "").endswith("-dirty") else ""),
-        )
-    return table
-
-
-def compare_table(result: dict) -> Table:
-    """Rich table of :func:`compare_runs`: one line per scenario × candidate with both
-    statuses, both speedups and the relative change (red: slower by > 5 %, green: faster
-    by > 5 %)."""
-    a, b = result["a"], result["b"]
-    table = Table(
-        title=f"kb-nano compare: A={a['run_id'][:12]} ({a['start_time']:%Y-%m-%d %H:%M}) "
-        f"→ B={b['run_id'][:12]} ({b['start_time']:%Y-%m-%d %H:%M})"
+def compare_summary(result: dict) -> str:
+    """The one-line summary of :func:`compare_runs`: rows compared (present in both
+    runs), significantly faster and slower (95% rerun intervals apart), status changes,
+    and how many rows only one run has."""
+    s = result["summary"]
+    text = (
+        f"{s['compared']} rows in both runs compared: {s['faster']} significantly faster, {s['slower']} "
+        f"significantly slower (95% rerun intervals apart), {s['status_changed']} status changes"
     )
-    for col, justify in (
-        ("scenario", "left"),
-        ("candidate", "left"),
-        ("status A", "left"),
-        ("status B", "left"),
-        ("speedup A", "right"),
-        ("speedup B", "right"),
-        ("change", "right"),
-    ):
-        table.add_column(col, justify=justify, overflow="fold")
-    for r in result["rows"]:
-        change = r["change"]
-        text = _fmt(change * 100 if change is not None else None, "+.1f", "%")
-        if change is not None and abs(change) > 0.05:
-            style = "green" if change > 0 else "red"
-            text = f"[{style}]{text}[/{style}]"
-        status_b = r["status_b"] or "absent"
-        if r["status_a"] != r["status_b"]:
-            status_b = f"[bold]{status_b}[/bold]"
-        table.add_row(
-            r["scenario_id"],
-            r["candidate"],
-            r["status_a"] or "absent",
-            status_b,
-            _fmt(r["speedup_a"], ".3f", "x"),
-            _fmt(r["speedup_b"], ".3f", "x"),
-            text,
-        )
-    return table
+    if s["no_interval"]:
+        text += f"; {s['no_interval']} passed in both without a rerun interval"
+    return text + f"; {s['added']} rows only in B (added), {s['removed']} only in A (removed)"

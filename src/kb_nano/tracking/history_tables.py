@@ -1,0 +1,130 @@
+"""The tables of ``kb_nano history``: the runs, and ``--compare``'s rows, fitted to the
+terminal's width (:func:`kb_nano.console.fit_table`)."""
+
+from __future__ import annotations
+
+import math
+
+from rich.markup import escape
+from rich.table import Table
+
+from kb_nano.console import Column, fit_table
+
+# ``drop``: left out first when the terminal is too narrow; drop 0 always stays
+RUN_COLUMNS = (
+    Column("run"),
+    Column("time"),
+    Column("tier", drop=2),
+    Column("candidates", wrap=True, min_width=16, drop=1),
+    Column("rows run", "right", drop=2),
+    Column("pass rate", "right"),
+    Column("geomean speedup", "right"),
+    Column("git sha", drop=3),
+)
+COMPARE_COLUMNS = (
+    Column("scenario", wrap=True, min_width=20),
+    Column("candidate", wrap=True, min_width=14),
+    Column("status"),
+    Column("speedup A (95%)", "right", wrap=True, min_width=11),
+    Column("speedup B (95%)", "right", wrap=True, min_width=11),
+    Column("change", "right", drop=1),
+    Column("significant"),
+)
+ONLY_COLUMNS = (
+    Column("scenario", wrap=True, min_width=20),
+    Column("candidate", wrap=True, min_width=14),
+    Column("only in"),
+    Column("status"),
+)
+
+
+def _fmt(value, fmt: str, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, fmt) + suffix
+
+
+def _candidates_text(cands: list[str], width: int = 3) -> str:
+    if len(cands) <= width:
+        return ", ".join(cands)
+    return f"{len(cands)}: " + ", ".join(cands[:width]) + ", …"
+
+
+def history_table(runs: list[dict], title: str = "kb-nano history", width: int | None = None) -> Table:
+    """Rich table of :func:`kb_nano.tracking.history.list_runs` results: run (id prefix),
+    time, tier, candidates, scenarios run, pass rate, geometric-mean speedup over passed
+    rows, git sha. ``width`` (terminal columns; None = no limit): narrower than the full
+    table, git sha, then tier and rows run, then candidates are left out."""
+    cells = []
+    for r in runs:
+        rate, sha = r["pass_rate"], r["git_sha"] or ""
+        cells.append(
+            [
+                r["run_id"][:12],
+                r["start_time"].strftime("%Y-%m-%d %H:%M:%S"),
+                r["tier"],
+                escape(_candidates_text(r["candidates"])),
+                _fmt(r["scenarios_run"], ".0f"),
+                _fmt(rate * 100 if rate is not None else None, ".0f", "%"),
+                _fmt(r["geomean_speedup"], ".3f", "x"),
+                (sha or "-")[:12] + ("-dirty" if sha.endswith("-dirty") else ""),
+            ]
+        )
+    return fit_table(list(RUN_COLUMNS), cells, width, title)
+
+
+def _speedup(value, ci) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+
+
+def compare_table(result: dict, width: int | None = None) -> Table:
+    """Rich table of :func:`kb_nano.tracking.history.compare_runs`: one line per row
+    present in both runs, with its status (``A → B`` when it changed, bold), both
+    speedups with their 95% rerun intervals, the relative change (red: slower by > 5 %,
+    green: faster by > 5 %) and whether the change is significant (``faster``/``slower``:
+    the intervals do not overlap; ``no``; ``-``: a row without an interval or not passed
+    in both). ``width``: as :func:`history_table`; the change column goes first."""
+    a, b = result["a"], result["b"]
+    cells = []
+    for r in result["rows"]:
+        change = r["change"]
+        text = _fmt(change * 100 if change is not None else None, "+.1f", "%")
+        if change is not None and abs(change) > 0.05:
+            style = "green" if change > 0 else "red"
+            text = f"[{style}]{text}[/{style}]"
+        status = r["status_a"] if r["status_a"] == r["status_b"] else f"[bold]{r['status_a']} → {r['status_b']}[/bold]"
+        sig = r["significant"] or "-"
+        if sig in ("faster", "slower"):
+            style = "green" if sig == "faster" else "red"
+            sig = f"[{style}]{sig}[/{style}]"
+        cells.append(
+            [
+                escape(r["scenario_id"]),
+                escape(r["candidate"]),
+                status,
+                _speedup(r["speedup_a"], r["ci_a"]),
+                _speedup(r["speedup_b"], r["ci_b"]),
+                text,
+                sig,
+            ]
+        )
+    title = (
+        f"kb-nano compare: A={a['run_id'][:12]} ({a['start_time']:%Y-%m-%d %H:%M}) "
+        f"→ B={b['run_id'][:12]} ({b['start_time']:%Y-%m-%d %H:%M}): rows in both runs"
+    )
+    return fit_table(list(COMPARE_COLUMNS), cells, width, title)
+
+
+def only_table(result: dict, width: int | None = None) -> Table | None:
+    """Rich table of the rows only one of the two compared runs has (``added``: only in
+    B; ``removed``: only in A), or None when both runs have the same rows."""
+    cells = [
+        [escape(r["scenario_id"]), escape(r["candidate"]), label, r["status"]]
+        for key, label in (("removed", "A (removed)"), ("added", "B (added)"))
+        for r in result[key]
+    ]
+    if not cells:
+        return None
+    return fit_table(list(ONLY_COLUMNS), cells, width, "rows only one run has (not compared)")
