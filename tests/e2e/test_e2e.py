@@ -17,6 +17,7 @@ import pytest
 import yaml
 from workflow_helpers import REPO, copy_workflow, kb_nano
 
+from kb_nano import stats
 from kb_nano.e2e import plan as e2e_plan
 from kb_nano.e2e import workloads
 from kb_nano.e2e.merge import merge_e2e
@@ -199,11 +200,11 @@ def test_merge_fills_speedup_from_the_baseline_and_writes_the_json_schema(tmp_pa
     assert pq.read_table(tmp_path / "e2e.parquet").schema.names == E2E_COLUMNS
 
 
-def test_merge_combines_the_pairs_into_a_ratio_with_a_bootstrap_interval(tmp_path):
+def test_merge_combines_the_pairs_into_a_ratio_with_a_rerun_interval(tmp_path):
     """A job's shard holds one row per run; the merge makes one row per variant: metrics
-    the median over the pairs, speedup the geometric mean of pair p's ratio over the
-    baseline's pair p (not a ratio of medians), a bootstrap interval over the pairs that
-    holds the speedup, ``significant`` when it excludes 1; a failed pair fails the row."""
+    the median over the pairs, speedup the ratio of those medians, Tier 1's rerun
+    interval over the pairs (Student's t: wide with few pairs), each pair's own ratio
+    listed, ``significant`` when the interval excludes 1; a failed pair fails the row."""
     base_ms, cand_ms = [100.0, 130.0, 90.0], [80.0, 100.0, 75.0]  # ratios 1.25, 1.3, 1.2
     runs = [_row("baseline", avg_latency_ms=b, pair=p) for p, b in enumerate(base_ms)]
     runs += [_row("a.b", avg_latency_ms=c, pair=p) for p, c in enumerate(cand_ms)]
@@ -218,14 +219,21 @@ def test_merge_combines_the_pairs_into_a_ratio_with_a_bootstrap_interval(tmp_pat
     cand, base = by[("w", "a.b")], by[("w", "baseline")]
     assert len(rows) == 6 and cand["pair"] is None and cand["num_pairs"] == base["num_pairs"] == 3
     assert base["avg_latency_ms"] == 100.0 and cand["avg_latency_ms"] == 80.0  # medians
-    assert cand["speedup"] == pytest.approx((1.25 * 1.3 * 1.2) ** (1 / 3))
+    assert cand["speedup"] == pytest.approx(100.0 / 80.0)  # the ratio of the medians, as in Tier 1
     assert json.loads(cand["pair_speedups"]) == pytest.approx([1.25, 1.3, 1.2])
-    assert 1.2 - 1e-9 <= cand["speedup_ci_low"] < cand["speedup"] < cand["speedup_ci_high"] <= 1.3 + 1e-9
+    lo, hi = stats.speedup_interval([100.0, 130.0, 90.0], [80.0, 100.0, 75.0], 1.25)
+    assert (cand["speedup_ci_low"], cand["speedup_ci_high"]) == pytest.approx((lo, hi))
+    assert 1.0 < lo < 1.2 and 1.3 < hi  # t = 4.3 with 3 pairs: wider than the pairs' range
     assert cand["significant"] is True and base["speedup"] == 1.0 and base["speedup_ci_low"] is None
     assert by[("m", "a.b")]["significant"] is False  # ratios 1.11, 0.91, 1.05: the interval holds 1
     assert by[("f", "a.b")]["status"] == "candidate_error" and by[("f", "a.b")]["speedup"] is None
-    one = merge_e2e([path], tmp_path / "e2e.parquet", tmp_path / "e2e.json")
-    assert [r["speedup_ci_low"] for r in one] == [r["speedup_ci_low"] for r in rows]  # a fixed seed
+    # two pairs on one side of 1 by chance (0.890x and 0.868x, a loaded host) are not
+    # significant: a percentile bootstrap over them spanned only 0.868-0.890
+    two = [_row("baseline", avg_latency_ms=b, pair=p) | {"workload": "t"} for p, b in enumerate([100.0, 100.0])]
+    two += [_row("a.b", avg_latency_ms=c, pair=p) | {"workload": "t"} for p, c in enumerate([112.38, 115.14])]
+    write_table(e2e_table(two), path)
+    (_, row) = merge_e2e([path], tmp_path / "e2e.parquet", tmp_path / "e2e.json")
+    assert row["significant"] is False and row["speedup_ci_low"] < 0.87 and row["speedup_ci_high"] > 1.0
 
 
 def test_cli_rejects_bad_e2e_input(tmp_path):
@@ -333,14 +341,15 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     assert calls["rms_norm/torch_fused"]["calls"] > 0 and calls["silu_and_mul/inplace"]["calls"] > 0
     assert json.loads(rows["baseline"]["candidate_calls"]) == {}
     # two pairs, ABBA: baseline, candidates | candidates, baseline; the speedup is the
-    # geometric mean of the pairs' ratios, with their bootstrap interval
+    # ratio of the two sides' medians over the pairs, with a rerun interval
     runs = json.loads(Path(work / rows[variant]["vllm_json"]).read_text())["runs"]
     assert [(r["variant"], r["pair"]) for r in runs] == [("baseline", 0), (variant, 0), (variant, 1), ("baseline", 1)]
     assert all(set(r["vllm"]) >= {"avg_latency", "latencies", "percentiles"} for r in runs)  # vLLM's own JSON
     ratios = json.loads(rows[variant]["pair_speedups"])
     lat = {(r["variant"], r["pair"]): 1000 * r["vllm"]["avg_latency"] for r in runs}
     assert ratios == pytest.approx([lat[("baseline", p)] / lat[(variant, p)] for p in (0, 1)], rel=1e-5)
-    assert rows[variant]["speedup"] == pytest.approx((ratios[0] * ratios[1]) ** 0.5)
+    med = {v: (lat[(v, 0)] + lat[(v, 1)]) / 2 for v in ("baseline", variant)}
+    assert rows[variant]["speedup"] == pytest.approx(med["baseline"] / med[variant], rel=1e-6)
     assert rows[variant]["num_pairs"] == rows["baseline"]["num_pairs"] == 2
     assert rows[variant]["speedup_ci_low"] <= rows[variant]["speedup"] <= rows[variant]["speedup_ci_high"]
     assert "95% interval" in proc.stdout

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kb_nano import roofline
+from kb_nano import roofline, stats
 from kb_nano.kernels import checks, guard, timing
 from kb_nano.kernels.blocks import batch_calls, hidden_ms, overhead_noise_ms
 from kb_nano.kernels.worker_process import set_precision
@@ -21,16 +21,16 @@ def test_speedup_interval_is_a_rerun_interval_around_the_estimate():
     """Student's t over the blocks' log ratios, widened for a rerun's estimate (sqrt(2/n)
     instead of sqrt(1/n)) and for medians (sqrt(pi/2)), centred on the reported speedup."""
     base, cand = [2.0, 2.1, 1.9, 2.05, 1.95], [1.0] * 5
-    lo, hi = timing.speedup_interval(base, cand, 2.0)
+    lo, hi = stats.speedup_interval(base, cand, 2.0)
     logs = np.log(base)
     half = 2.776 * np.sqrt(np.pi / 2) * np.std(logs, ddof=1) * np.sqrt(2 / 5)  # t_{0.975, 4}
     assert (lo, hi) == pytest.approx((2.0 * np.exp(-half), 2.0 * np.exp(half)))
     assert lo < 2.0 < hi
-    assert timing.speedup_interval([2.0] * 5, [1.0] * 5, 2.0) == pytest.approx((2.0, 2.0))  # no spread, no width
+    assert stats.speedup_interval([2.0] * 5, [1.0] * 5, 2.0) == pytest.approx((2.0, 2.0))  # no spread, no width
     assert (
-        timing.t975(30) == 2.042
-        and abs(timing.t975(31) - 2.0395) < 0.001
-        and timing.t975(10**6) == pytest.approx(1.96, abs=1e-4)
+        stats.t975(30) == 2.042
+        and abs(stats.t975(31) - 2.0395) < 0.001
+        and stats.t975(10**6) == pytest.approx(1.96, abs=1e-4)
     )
 
 
@@ -43,7 +43,7 @@ def test_speedup_interval_covers_a_rerun():
     def run(n=5):
         b, c = 2.0 * np.exp(rng.normal(0, 0.02, n)), np.exp(rng.normal(0, 0.02, n))
         est = float(np.median(b) / np.median(c))
-        return est, timing.speedup_interval(list(b), list(c), est)
+        return est, stats.speedup_interval(list(b), list(c), est)
 
     inside = 0
     for _ in range(2000):
@@ -56,21 +56,21 @@ def test_speedup_interval_covers_a_rerun():
 def test_speedup_interval_of_equal_sides_contains_one():
     rng = np.random.default_rng(1)
     b, c = list(1.0 + rng.normal(0, 0.1, 10)), list(1.0 + rng.normal(0, 0.1, 10))
-    lo, hi = timing.speedup_interval(b, c, float(np.median(b) / np.median(c)))
+    lo, hi = stats.speedup_interval(b, c, float(np.median(b) / np.median(c)))
     assert lo < 1.0 < hi
 
 
 def test_speedup_interval_pairs_blocks_so_shared_drift_cancels():
     """Both sides slow down together over the run (drift); the per-block ratio stays 1.25."""
     drift = np.linspace(1.0, 3.0, 10)
-    assert timing.speedup_interval(list(1.25 * drift), list(drift), 1.25) == pytest.approx((1.25, 1.25))
+    assert stats.speedup_interval(list(1.25 * drift), list(drift), 1.25) == pytest.approx((1.25, 1.25))
 
 
 def test_speedup_interval_rejects_unpaired_samples():
     with pytest.raises(ValueError, match="paired"):
-        timing.speedup_interval([1.0, 2.0], [1.0], 1.0)
+        stats.speedup_interval([1.0, 2.0], [1.0], 1.0)
     with pytest.raises(ValueError, match="at least 2"):
-        timing.speedup_interval([1.0], [1.0], 1.0)
+        stats.speedup_interval([1.0], [1.0], 1.0)
 
 
 def test_time_calls_on_cpu_times_each_slot_and_keeps_outputs_untimed():

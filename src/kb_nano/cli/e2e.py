@@ -64,7 +64,7 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
 def cmd_e2e(args, passthrough: list[str]) -> int:
     """``kb_nano e2e throughput|latency|serve``: vLLM's own benchmark for the baseline and the
     candidate variant, alternately ``pairs`` times in one job per model × TP × workload,
-    merged (the ratio with its bootstrap interval), logged to MLflow, printed."""
+    merged (the ratio with its 95% rerun interval), logged to MLflow, printed."""
     from kb_nano.e2e.vllm_cli import vllm_version
     from kb_nano.tracking import marker_path
 

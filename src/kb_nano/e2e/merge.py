@@ -1,31 +1,38 @@
 """Merge Tier-2 (or Tier-3) shards into ``results/{tier}.parquet`` and its JSON
 document: a shard holds one row per engine run of its job (the baseline and the candidate
 variant alternately, ``pairs`` times); the merge makes one row per variant with the
-speedup over the baseline's runs of the same pairs and its bootstrap interval.
-Torch-free (numpy for the bootstrap)."""
+speedup over the baseline's runs of the same pairs and its 95% rerun interval.
+Torch-free."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from kb_nano import stats
 from kb_nano.files import atomic_write_text
 from kb_nano.rows import geomean, json_rows, write_table
 
 
-def e2e_speedup(row: dict, baseline: dict | None) -> float | None:
-    """Speedup of an ``ok`` e2e row over the ``ok`` baseline row of the same model, TP and
-    workload: throughput ``total_tokens_per_s / baseline's``; latency
-    ``baseline avg_latency_ms / avg_latency_ms``; serve ``baseline mean_e2el_ms /
-    mean_e2el_ms`` (mean end-to-end request latency). None when either is missing or failed."""
+def ratio_terms(row: dict, baseline: dict | None) -> tuple[float | None, float | None]:
+    """``(numerator, denominator)`` of an ``ok`` e2e row's speedup over the ``ok``
+    baseline row of the same model, TP and workload: throughput ``total_tokens_per_s`` /
+    the baseline's; latency the baseline's ``avg_latency_ms`` / the row's; serve the
+    baseline's ``mean_e2el_ms`` / the row's (mean end-to-end request latency). ``(None,
+    None)`` when either row failed."""
     if baseline is None or row["status"] != "ok" or baseline["status"] != "ok":
-        return None
+        return None, None
     if row["kind"] == "serve":
-        a, b = baseline.get("mean_e2el_ms"), row.get("mean_e2el_ms")
-    elif row["kind"] == "latency":
-        a, b = baseline.get("avg_latency_ms"), row.get("avg_latency_ms")
-    else:
-        a, b = row.get("total_tokens_per_s"), baseline.get("total_tokens_per_s")
+        return baseline.get("mean_e2el_ms"), row.get("mean_e2el_ms")
+    if row["kind"] == "latency":
+        return baseline.get("avg_latency_ms"), row.get("avg_latency_ms")
+    return row.get("total_tokens_per_s"), baseline.get("total_tokens_per_s")
+
+
+def e2e_speedup(row: dict, baseline: dict | None) -> float | None:
+    """Speedup of an ``ok`` e2e row over the ``ok`` baseline row (:func:`ratio_terms`);
+    None when either is missing or failed."""
+    a, b = ratio_terms(row, baseline)
     return a / b if a and b else None
 
 
@@ -43,24 +50,6 @@ METRICS = (
     *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "p50", "p90", "p99")),
     "failed_requests",
 )
-BOOTSTRAP_RESAMPLES = 2000
-
-
-def bootstrap_interval(ratios: list[float], level: float = 0.95) -> tuple[float | None, float | None]:
-    """Percentile bootstrap interval (Efron & Tibshirani, *An Introduction to the
-    Bootstrap*, 1993, ch. 13) of the geometric mean of ``ratios`` (the pairs' speedups):
-    the pairs are resampled with replacement :data:`BOOTSTRAP_RESAMPLES` times (fixed
-    seed, so the same pairs give the same interval). With 3 pairs it spans about their
-    lowest to highest ratio. ``(None, None)`` for fewer than 2 ratios."""
-    import numpy as np
-
-    if len(ratios) < 2:
-        return None, None
-    logs = np.log(np.asarray(ratios, dtype=float))
-    rng = np.random.default_rng(0)
-    means = rng.choice(logs, size=(BOOTSTRAP_RESAMPLES, len(logs)), replace=True).mean(axis=1)
-    lo, hi = np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    return float(np.exp(lo)), float(np.exp(hi))
 
 
 def _median(values: list) -> float | int | None:
@@ -77,11 +66,14 @@ def combine_runs(rows: list[dict]) -> list[dict]:
     """Per-run rows (one per engine run, ``pair`` = its index in the job) -> one row per
     model, TP, workload and variant. A variant's row is ``ok`` when all its runs were,
     with each metric the median over them (``num_pairs`` = how many); else it is its
-    first failed run. ``speedup`` of a candidate variant: the geometric mean over the
-    pairs where both runs are ``ok`` of pair *p*'s ratio over the baseline's pair *p*
-    (:func:`e2e_speedup`), with its :func:`bootstrap_interval` and ``significant``
-    (the interval excludes 1.0); ``pair_speedups`` lists the ratios. The baseline's row
-    has speedup 1.0. Rows without a ``pair`` (``skipped``) pass through as one run."""
+    first failed run. ``speedup`` of a candidate variant: over the pairs where both runs
+    are ``ok``, the ratio of the medians of the two sides' metrics (:func:`ratio_terms`;
+    as Tier 1's, and the ratio of the medians the row shows when every run was ok), with
+    the 95% rerun interval over the pairs (:func:`kb_nano.stats.speedup_interval`, Student's
+    t as Tier 1's over blocks; with 2 pairs t = 12.7, with 3 pairs 4.3, so few pairs give
+    wide intervals; a percentile bootstrap over 3 pairs would only span their range and
+    cover far less than 95%) and ``significant`` (the interval excludes 1.0);
+    ``pair_speedups`` lists each pair's own ratio. The baseline's row has speedup 1.0. Rows without a ``pair`` (``skipped``) pass through as one run."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["tp"], r["workload"], r["variant"]), []).append(r)
@@ -95,16 +87,20 @@ def combine_runs(rows: list[dict]) -> list[dict]:
         if failed is None:
             row.update({m: _median([r.get(m) for r in ok]) for m in METRICS})
             b = base.get(key[:3], {})
-            ratios = [e2e_speedup(r, b.get(r.get("pair") or 0)) for r in ok]
-            ratios = [x for x in ratios if x]
-            if ratios:
-                lo, hi = bootstrap_interval(ratios) if key[3] != "baseline" else (None, None)
+            terms = [ratio_terms(r, b.get(r.get("pair") or 0)) for r in ok]
+            terms = [(x, y) for x, y in terms if x and y]
+            if terms:
+                nums, dens = [x for x, _ in terms], [y for _, y in terms]
+                speedup = _median(nums) / _median(dens)
+                lo, hi = (None, None)
+                if key[3] != "baseline" and len(terms) >= 2:
+                    lo, hi = stats.speedup_interval(nums, dens, speedup)
                 row.update(
-                    speedup=geomean(ratios),
+                    speedup=speedup,
                     speedup_ci_low=lo,
                     speedup_ci_high=hi,
                     significant=None if lo is None else bool(lo > 1.0 or hi < 1.0),
-                    pair_speedups=json.dumps([round(x, 6) for x in ratios]),
+                    pair_speedups=json.dumps([round(x / y, 6) for x, y in terms]),
                 )
         out.append(row)
     return out
@@ -132,7 +128,7 @@ def merge_e2e(
     """Merge e2e (or eval) shards into ``results/{tier}.parquet`` and a JSON document
     ``{schema_version, tier, summary, rows}`` (both atomic): one row per model, TP,
     workload and variant from the runs' rows (:func:`combine_runs`: medians over the
-    pairs, speedup with its bootstrap interval over them).
+    pairs, speedup with its 95% rerun interval over them).
     ``skipped``: rows of jobs that were not run (``skipped`` status, ``error`` = why), kept
     in the result. For ``eval`` the summary adds ``per_workload`` (:func:`summarize_eval`).
     A shard that cannot be read raises ``ValueError`` naming it (delete it and rerun).

@@ -78,8 +78,8 @@ E2E_SCHEMA = pa.schema(
         ("p99_e2el_ms", pa.float64()),
         ("failed_requests", pa.int64()),  # serve: requests vLLM's benchmark saw fail
         # a shard holds one row per engine run (pair = its index); the merge makes one row per
-        # variant: metrics the median over its runs, speedup the geometric mean of the pairs'
-        # ratios with a 95% bootstrap interval over the pairs (kb_nano.e2e.merge)
+        # variant: metrics the median over its runs, speedup the ratio of the two sides' medians
+        # with a 95% rerun interval over the pairs (kb_nano.e2e.merge)
         ("pair", pa.int32()),  # the run's pair index in its job (None in merged rows)
         ("num_pairs", pa.int32()),  # merged rows: the ok runs behind the row
         ("speedup", pa.float64()),  # set by the merge: vs the baseline runs of the same job

@@ -29,8 +29,8 @@ def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)") -> Table:
     the number of forward calls the vLLM plugin counted inside the engine), status, the
     workload's metrics (throughput and serve: requests/s, total and output tokens/s;
     latency: average and p10..p99 ms; serve: TTFT/TPOT/ITL/E2EL mean and p99 ms; each the
-    median over the row's runs), speedup over the baseline (the geometric mean over the
-    pairs, :func:`kb_nano.e2e.merge.combine_runs`), its 95% bootstrap interval (bold when
+    median over the row's runs), speedup over the baseline (the ratio of the medians,
+    :func:`kb_nano.e2e.merge.combine_runs`), its 95% rerun interval (bold when
     it excludes 1.0), the ok pairs and, if any row failed, the error."""
     table = Table(title=title)
     kinds = {r["kind"] for r in rows}

@@ -22,9 +22,9 @@ to the workload names, so smoke rows never mix with real ones; the rows' workloa
 parameters record the settings used.
 
 Every (model, TP, workload) is one job that runs the baseline and the candidates
-alternately, ``eval.pairs`` times (:mod:`kb_nano.e2e.job`); the ratio is the geometric
-mean over the pairs with a bootstrap interval (:mod:`kb_nano.e2e.merge`). A TP that exceeds the device pool (``--gpu-pool``; 1 on
-a CPU, where vLLM runs one engine) or that does not divide the model's attention heads is
+alternately, ``eval.pairs`` times (:mod:`kb_nano.e2e.job`); the ratio is that of the
+medians over the pairs with a 95% rerun interval (:mod:`kb_nano.e2e.merge`).
+A TP that exceeds the device pool (``--gpu-pool``; 1 on a CPU, where vLLM runs one engine) or that does not divide the model's attention heads is
 not run: it becomes a ``skipped`` row with the reason. Torch-free (Snakefile parse time).
 """
 

@@ -5,7 +5,7 @@ per timer: on a CPU the eager timer only; on CUDA the eager timer, the CUPTI ker
 and one CUDA-graph replay per side. Each pair gives one mean call time (the batch total
 over its calls) per side per timer. The estimates are medians over blocks
 (:func:`estimate`), and the speedup's interval is Student's t over the blocks' ratios
-(:func:`kb_nano.kernels.timing.speedup_interval`), so it covers what changes between blocks
+(:func:`kb_nano.stats.speedup_interval`), so it covers what changes between blocks
 (clocks, other work on the host, the allocator's state), not only call-to-call noise; it is
 the range a rerun's speedup falls in (a prediction interval), not a confidence interval
 of the true speedup.
@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from kb_nano import stats
 from kb_nano.kernels import timing
 
 MIN_BLOCKS = {"cpu": 10, "cuda": 5}
@@ -103,7 +104,7 @@ def stop_reason(s: dict, which: str, device: torch.device, settings: dict) -> st
     p = s[which]
     b, c = estimate(p)
     mid = b / max(c, 1e-12)
-    lo, hi = timing.speedup_interval(p["block_base"], p["block_cand"], mid)
+    lo, hi = stats.speedup_interval(p["block_base"], p["block_cand"], mid)
     if (hi - lo) / 2 <= float(settings.get("ci_target") or CI_TARGET) * mid:
         return "ci_target"
     if time.monotonic() - s["started"] >= float(settings.get("max_timing_s") or 1.0):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kb_nano import roofline
+from kb_nano import roofline, stats
 from kb_nano.kernels import timing
 from kb_nano.kernels.agreement import timer_fields
 from kb_nano.kernels.blocks import MIN_BLOCKS, estimate, hidden_ms, overhead_noise_ms
@@ -179,7 +179,7 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     p = s[which]
     b_med, c_med = estimate(p)
     b_iqr, c_iqr = timing.summarize(p["base"])[1], timing.summarize(p["cand"])[1]
-    lo, hi = timing.speedup_interval(p["block_base"], p["block_cand"], b_med / c_med) if c_med > 0 else (None, None)
+    lo, hi = stats.speedup_interval(p["block_base"], p["block_cand"], b_med / c_med) if c_med > 0 else (None, None)
     bound = roofline.bound_ms(m.scenario.get("bytes_moved"), m.scenario.get("flops"), peak)
     # a bound the baseline itself beats was measured wrong (peaks taken on a loaded host): no review
     # then, unless the peaks are the user's own (config `roofline:`)

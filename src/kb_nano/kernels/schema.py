@@ -77,7 +77,7 @@ KERNEL_SCHEMA = pa.schema(
         ("speedup", pa.float64()),
         ("baseline_ms_iqr", pa.float64()),
         ("candidate_ms_iqr", pa.float64()),
-        # 95% interval a rerun's speedup falls in (kb_nano.kernels.timing.speedup_interval)
+        # 95% interval a rerun's speedup falls in (kb_nano.stats.speedup_interval)
         ("speedup_ci_low", pa.float64()),
         ("speedup_ci_high", pa.float64()),
         ("significant", pa.bool_()),  # the interval excludes 1.0: a rerun lands on the same side of 1

@@ -73,7 +73,7 @@ COLUMNS = (
 def kernel_table(rows: list[dict], title: str = "kb-nano kernels", width: int | None = None) -> Table:
     """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline and
     candidate median ms ± IQR (ms), speedup (baseline median / candidate median), its
-    95% rerun interval (:func:`kb_nano.kernels.timing.speedup_interval`), and the error, or notes: a roofline "REVIEW" flag,
+    95% rerun interval (:func:`kb_nano.stats.speedup_interval`), and the error, or notes: a roofline "REVIEW" flag,
     "not significant" when the interval contains 1.0, CUDA-graph replay times when
     measured, "golden inputs" (captured tensors, see :mod:`kb_nano.models.golden`) and a "noisy"
     flag when an IQR exceeds 25% of its median.

@@ -20,7 +20,7 @@ def e2e_metrics(rows: list[dict]) -> dict[str, float]:
     ``status/<status>`` counts, and per ok row ``<metric>/<model>/tp<tp>/<workload>/<variant>``
     for ``total_tokens_per_s``, ``output_tokens_per_s``, ``requests_per_s`` (throughput),
     ``avg_latency_ms``, ``p50_latency_ms``, ``p99_latency_ms`` (latency), ``speedup`` and
-    its 95% bootstrap interval ``speedup_ci_low``/``speedup_ci_high`` (over the pairs), plus ``geomean_speedup/<variant>`` over the variant's ok rows (``+`` in a variant
+    its 95% rerun interval ``speedup_ci_low``/``speedup_ci_high`` (over the pairs), plus ``geomean_speedup/<variant>`` over the variant's ok rows (``+`` in a variant
     name is a space in metric names: MLflow does not allow ``+``)."""
     from kb_nano.rows import geomean
 
