@@ -57,24 +57,39 @@ def strays(worker_pid: int, known: set[int]) -> list[int]:
     return sorted(siblings - set(known) - {worker_pid})
 
 
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid``: its process CPU clock (``clock_gettime`` on the
+    clock id ``((~pid) << 3) | 2``, CPUCLOCK_SCHED of the whole thread group, Linux
+    ``kernel/time/posix-cpu-timers.c``; nanoseconds, every thread counted, live or exited:
+    threads that start after a batch, burn and exit before the next look are in it),
+    else the sum of its live threads' ``/proc/<pid>/task/<tid>/schedstat``; plus its
+    reaped children's ``cutime + cstime`` from ``/proc/<pid>/stat`` (clock ticks)."""
+    try:
+        own = time.clock_gettime(((~pid) << 3) | 2)
+    except OSError:
+        own = 0.0
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with (
+                    contextlib.suppress(OSError, ValueError, IndexError),
+                    open(f"/proc/{pid}/task/{tid}/schedstat") as f,
+                ):
+                    own += int(f.read().split()[0]) / 1e9
+    children = 0.0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+        fields = text[text.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
+        children = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+    return own + children
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds used so far by process ``pid`` and every process below it
-    (:func:`tree_pids`), every thread summed, from ``/proc/<pid>/task/<tid>/schedstat``
-    (nanoseconds; the ``cpu_times`` of ``/proc/<pid>/stat`` count 10 ms clock ticks, too
-    coarse to tell an idle process from a busy one over a few milliseconds)."""
-    total = 0
-    for p in tree_pids(pid):
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                pass
-    return total / 1e9
+    (:func:`tree_pids`), each by :func:`_process_cpu_s` (nanosecond clocks; the
+    ``utime``/``stime`` of ``/proc/<pid>/stat`` count 10 ms clock ticks, too coarse to
+    tell an idle process from a busy one over a few milliseconds)."""
+    return sum(_process_cpu_s(p) for p in tree_pids(pid))
 
 
 def restore_scheduling(pid: int) -> list[int]:
