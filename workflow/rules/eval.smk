@@ -48,4 +48,7 @@ rule eval:
         "results/eval.parquet",
         EVAL_OUTPUT_JSON,
         marker_path("eval"),
+        # every shard as a target: a deleted one is measured again (Snakemake does not
+        # rebuild a missing input of an up-to-date merge)
+        lambda wildcards: tier_shards("eval"),
     localrule: True

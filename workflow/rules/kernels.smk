@@ -29,6 +29,14 @@ rule kernel_bench:
         kernel_job.run_job(input, output, params, wildcards, threads, resources, log)
 
 
+# Every selected shard as a target: Snakemake does not rebuild a missing input of an
+# up-to-date merge, so without this a deleted shard would never be measured again.
+rule kernels_measured:
+    input:
+        kernel_shards,
+    localrule: True
+
+
 rule merge_kernels:
     input:
         shards=kernel_shards,

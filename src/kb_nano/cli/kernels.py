@@ -137,7 +137,9 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     marker = marker_path("kernels")
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
     start_manifest(root, effective)
-    code = run_snakemake(root, ["results/kernels.parquet", output_json, marker], config, args, passthrough)
+    # kernels_measured: every selected shard, so a deleted one is measured again
+    targets = ["results/kernels.parquet", output_json, marker, "kernels_measured"]
+    code = run_snakemake(root, targets, config, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "kernels")
     if args.dry_run or snakemake_action(passthrough):
