@@ -242,6 +242,11 @@ def test_cli_rejects_bad_e2e_input(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("error: --candidates: attention/gqa_grouped")
     proc = kb_nano(work, "e2e", "latency", "--batch-size", "0", "-n")
     assert proc.returncode == 2 and "batch_size must be a positive integer" in proc.stderr
+    for value in ("0", "-1"):  # before anything else is printed, naming the flag
+        proc = kb_nano(work, "e2e", "latency", "--pairs", value, "-n")
+        assert (
+            proc.returncode == 2 and not proc.stdout and "argument --pairs: must be a positive integer" in proc.stderr
+        )
 
 
 # ----------------------------------------------------------------------------- real vLLM

@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--baseline", action="store_true", help="run only the baseline variant")
         p.add_argument(
             "--pairs",
-            type=int,
+            type=_positive_int,
             help="baseline/candidate engine-run pairs per job, alternately (default 3; 1 = no interval)",
         )
         p.add_argument("--timeout-s", type=float, help="seconds per job (default 900)")
@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto (default) | cpu | cuda")
     v.add_argument(
-        "--pairs", type=int, help="baseline/candidate run pairs per job, alternately (default 3; --smoke: 1)"
+        "--pairs", type=_positive_int, help="baseline/candidate run pairs per job, alternately (default 3; --smoke: 1)"
     )
     v.add_argument("--timeout-s", type=float, help="seconds per job (default 3600)")
     _snakemake_flags(v)
