@@ -189,16 +189,19 @@ def test_compare_with_a_too_short_prefix_says_so(store, capsys):
     assert "give at least 4 characters" in capsys.readouterr().err
 
 
-def _ci_row(target: str, n: int, speedup: float | None, ci: tuple | None, status: str = "passed") -> dict:
+def _ci_row(target: str, n: int, speedup: float | None, ci: tuple | None, status: str = "passed", day: int = 1) -> dict:
     lo, hi = ci or (None, None)
-    return row(target, "fast", n=n, status=status, speedup=speedup, speedup_ci_low=lo, speedup_ci_high=hi)
+    return row(target, "fast", n=n, status=status, speedup=speedup, speedup_ci_low=lo, speedup_ci_high=hi) | {
+        "created_at": f"2026-01-0{day}T00:00:00+00:00"  # when it was measured
+    }
 
 
 @pytest.fixture(scope="module")
 def ci_runs(tmp_path_factory):
     """Two real runs with rerun intervals. A -> B: n1 faster (intervals apart), n64 slower
     (apart), n256 changed within overlapping intervals, n1024 passed -> incorrect;
-    silu_and_mul n1 only in A, silu_and_mul n64 only in B."""
+    silu_and_mul n1 only in A, silu_and_mul n64 only in B; n4096 the same measurement in
+    both (a reused shard)."""
     tmp = tmp_path_factory.mktemp("history_ci")
     uri = tracking.default_tracking_uri(tmp)
     a = [
@@ -207,13 +210,15 @@ def ci_runs(tmp_path_factory):
         _ci_row("rms_norm", 256, 1.5, (1.2, 1.8)),
         _ci_row("rms_norm", 1024, 1.1, (1.0, 1.2)),
         _ci_row("silu_and_mul", 1, 3.0, (2.9, 3.1)),
+        _ci_row("rms_norm", 4096, 1.3, (1.2, 1.4)),
     ]
     b = [
-        _ci_row("rms_norm", 1, 1.5, (1.4, 1.6)),
-        _ci_row("rms_norm", 64, 1.5, (1.4, 1.6)),
-        _ci_row("rms_norm", 256, 1.6, (1.3, 1.9)),
-        _ci_row("rms_norm", 1024, None, None, status="incorrect"),
-        _ci_row("silu_and_mul", 64, 0.2, (0.1, 0.3)),
+        _ci_row("rms_norm", 1, 1.5, (1.4, 1.6), day=2),
+        _ci_row("rms_norm", 64, 1.5, (1.4, 1.6), day=2),
+        _ci_row("rms_norm", 256, 1.6, (1.3, 1.9), day=2),
+        _ci_row("rms_norm", 1024, None, None, status="incorrect", day=2),
+        _ci_row("silu_and_mul", 64, 0.2, (0.1, 0.3), day=2),
+        _ci_row("rms_norm", 4096, 1.3, (1.2, 1.4)),  # measured once, reused by B
     ]
     ids = {}
     for name, rows in (("A", a), ("B", b)):
@@ -226,19 +231,21 @@ def test_compare_only_rows_in_both_runs_with_significance(ci_runs):
     uri, ids = ci_runs
     result = history.compare_runs(uri, ids["A"], ids["B"])
     by = {r["scenario_id"]: r for r in result["rows"]}
-    assert set(by) == {f"rms_norm__llama31-8b__tp1__n{n}" for n in (1, 64, 256, 1024)}
+    assert set(by) == {f"rms_norm__llama31-8b__tp1__n{n}" for n in (1, 64, 256, 1024, 4096)}
     sig = {sid.rsplit("__n", 1)[1]: r["significant"] for sid, r in by.items()}
-    assert sig == {"1": "faster", "64": "slower", "256": "no", "1024": None}
+    assert sig == {"1": "faster", "64": "slower", "256": "no", "1024": None, "4096": "no"}
+    assert [sid for sid, r in by.items() if r["same_measurement"]] == ["rms_norm__llama31-8b__tp1__n4096"]
     assert by["rms_norm__llama31-8b__tp1__n1"]["ci_b"] == pytest.approx((1.4, 1.6))
     assert result["rows"][0]["status_b"] == "incorrect"  # status changes first
     assert [r["scenario_id"] for r in result["removed"]] == ["silu_and_mul__llama31-8b__tp1__n1"]
     assert [r["scenario_id"] for r in result["added"]] == ["silu_and_mul__llama31-8b__tp1__n64"]
     assert result["summary"] == {
-        "compared": 4,
+        "compared": 5,
         "faster": 1,
         "slower": 1,
         "no_interval": 0,
         "status_changed": 1,
+        "same_measurement": 1,
         "added": 1,
         "removed": 1,
     }
@@ -252,13 +259,15 @@ def test_cli_compare_summary_counts_the_same_rows_only(ci_runs, capsys, monkeypa
     assert main(["history", "--tracking-uri", uri, "--compare", ids["A"][:8], ids["B"][:8]]) == 0
     out = capsys.readouterr().out
     assert (
-        "4 rows in both runs compared: 1 significantly faster, 1 significantly slower (95% rerun intervals "
-        "apart), 1 status changes; 1 rows only in B (added), 1 only in A (removed)"
+        "5 rows in both runs compared: 1 significantly faster, 1 significantly slower (95% rerun intervals "
+        "apart), 1 status changes; 1 of them the same measurement in both runs (a shard both reused); "
+        "1 rows only in B (added), 1 only in A (removed)"
     ) in " ".join(out.split())
     assert "geomean" not in out  # no summary over two different row sets
     compared, only = out.split("rows only one run has")
     assert "silu_and_mul" not in compared and "passed → incorrect" in compared
     assert "1.50x (1.40-1.60)" in compared and "faster" in compared and "slower" in compared
+    assert "same row" in compared  # the reused shard is not judged as a change
     assert "A (removed)" in only and "B (added)" in only
 
 

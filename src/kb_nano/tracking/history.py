@@ -254,6 +254,8 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
                 "ci_b": ci(b),
                 "change": vb / va - 1 if va and vb else None,
                 "significant": significance(ci(a), ci(b)) if va and vb else None,
+                # the same shard in both runs (one measurement, e.g. a filtered rerun): no change to judge
+                "same_measurement": bool(a.get("created_at")) and _same_measurement(a, b),
             }
         )
     out.sort(
@@ -276,6 +278,7 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
         "slower": sum(r["significant"] == "slower" for r in out),
         "no_interval": sum(r["significant"] is None for r in both_passed),
         "status_changed": sum(r["status_a"] != r["status_b"] for r in out),
+        "same_measurement": sum(r["same_measurement"] for r in out),
     }
     added, removed = only(rows_b, rows_a), only(rows_a, rows_b)
     summary.update(added=len(added), removed=len(removed))
@@ -290,15 +293,24 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
     }
 
 
+def _same_measurement(a: dict, b: dict) -> bool:
+    """Whether two rows are one measurement (the same shard reused by two runs): the same
+    ``created_at``, ``seed`` and ``candidate_sha256``."""
+    return all(a.get(k) == b.get(k) for k in ("created_at", "seed", "candidate_sha256"))
+
+
 def compare_summary(result: dict) -> str:
     """The one-line summary of :func:`compare_runs`: rows compared (present in both
     runs), significantly faster and slower (95% rerun intervals apart), status changes,
-    and how many rows only one run has."""
+    rows that are one measurement in both (a reused shard), and how many rows only one
+    run has."""
     s = result["summary"]
     text = (
         f"{s['compared']} rows in both runs compared: {s['faster']} significantly faster, {s['slower']} "
         f"significantly slower (95% rerun intervals apart), {s['status_changed']} status changes"
     )
+    if s.get("same_measurement"):
+        text += f"; {s['same_measurement']} of them the same measurement in both runs (a shard both reused)"
     if s["no_interval"]:
         text += f"; {s['no_interval']} passed in both without a rerun interval"
     return text + f"; {s['added']} rows only in B (added), {s['removed']} only in A (removed)"

@@ -84,8 +84,8 @@ def compare_table(result: dict, width: int | None = None) -> Table:
     present in both runs, with its status (``A → B`` when it changed, bold), both
     speedups with their 95% rerun intervals, the relative change (red: slower by > 5 %,
     green: faster by > 5 %) and whether the change is significant (``faster``/``slower``:
-    the intervals do not overlap; ``no``; ``-``: a row without an interval or not passed
-    in both). ``width``: as :func:`history_table`; the change column goes first."""
+    the intervals do not overlap; ``no``; ``same row``: one measurement in both runs, a
+    reused shard; ``-``: a row without an interval or not passed in both). ``width``: as :func:`history_table`; the change column goes first."""
     a, b = result["a"], result["b"]
     cells = []
     for r in result["rows"]:
@@ -95,7 +95,7 @@ def compare_table(result: dict, width: int | None = None) -> Table:
             style = "green" if change > 0 else "red"
             text = f"[{style}]{text}[/{style}]"
         status = r["status_a"] if r["status_a"] == r["status_b"] else f"[bold]{r['status_a']} → {r['status_b']}[/bold]"
-        sig = r["significant"] or "-"
+        sig = "same row" if r.get("same_measurement") else r["significant"] or "-"
         if sig in ("faster", "slower"):
             style = "green" if sig == "faster" else "red"
             sig = f"[{style}]{sig}[/{style}]"
