@@ -240,7 +240,8 @@ def _cross_check(s: dict, calls: int, device: torch.device, extra: dict, timer: 
             "unsynced_work",
             f"the judge's clock around the candidate's {timer} batches of {calls} calls exceeds the "
             f"call times its worker reported by {hidden:.4g} ms per batch more than the baseline's: work "
-            "outside the timed calls (or a forged clock)",
+            "outside the timed calls (or a forged clock; on a busy host, re-measure the row: "
+            "`-- --forcerun kernel_bench`, docs/usage.md)",
             **extra,
         )
 
