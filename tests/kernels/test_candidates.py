@@ -552,7 +552,12 @@ def test_repo_candidates_pass_or_skip_on_cpu(tmp_path, scenarios, settings):
         cls = load_class(REPO / ref.path, ref.target)
         # judged with the tolerances a user gets: each operator's own (rotary's allows the
         # baseline's rounding of x1*cos - x2*sin, see kb_nano.operators.base.TOLERANCES)
-        row = measure(small[ref.target], ref.id, REPO / ref.path, {**settings, "atol": None, "rtol": None}, tmp_path)
+        args = (small[ref.target], ref.id, REPO / ref.path, {**settings, "atol": None, "rtol": None}, tmp_path)
+        row = measure(*args)
+        if row["status"] == "unsynced_work" and "re-measure the row" in (row["error"] or ""):
+            # the clock cross-check on a loaded host: re-measured once, as docs/usage.md tells a
+            # user to (work really left outside the calls stays unsynced_work)
+            row = measure(*args)
         cpu_ok = "cpu" in tuple(getattr(cls, "supported_devices", ("cpu", "cuda")))
         check_row(row, "passed" if cpu_ok else "skipped", ref.id)
 
