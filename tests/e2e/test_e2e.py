@@ -314,8 +314,7 @@ def _sockets_in_tempdir() -> set[str]:
 def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     work = copy_workflow(tmp_path)
     sockets = _sockets_in_tempdir()
-    proc = kb_nano(
-        work,
+    args = (
         "e2e",
         "latency",
         "--input-len",
@@ -336,6 +335,7 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
         "--output-json",
         "results/my_e2e.json",
     )
+    proc = kb_nano(work, *args)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     doc = json.loads((work / "results/my_e2e.json").read_text())
     rows = {r["variant"]: r for r in doc["rows"]}
@@ -364,30 +364,7 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     # Editing one candidate reruns only the variant that holds it (and merge + MLflow).
     cand = work / "candidates/silu_and_mul/inplace.py"
     cand.write_text(cand.read_text() + "\n# edited by the e2e rerun test\n")
-    dry = kb_nano(
-        work,
-        "e2e",
-        "latency",
-        "--input-len",
-        "16",
-        "--output-len",
-        "4",
-        "--batch-size",
-        "2",
-        "--num-iters-warmup",
-        "0",
-        "--num-iters",
-        "2",
-        "--candidates",
-        "rms_norm/torch_fused",
-        "silu_and_mul/inplace",
-        "--output-json",
-        "results/my_e2e.json",
-        "--pairs",
-        "2",
-        "-n",
-        "-v",
-    )
+    dry = kb_nano(work, *args, "-n", "-v")
     assert dry.returncode == 0, dry.stderr[-3000:]
     jobs = [ln for ln in dry.stdout.splitlines() if "output: results/e2e/" in ln]
     assert len(jobs) == 1 and variant in jobs[0], dry.stdout[-3000:]

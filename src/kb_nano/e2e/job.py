@@ -175,10 +175,9 @@ def run(
     log_path = Path(log)
     runs_dir = log_path.with_suffix("")
     runs_dir.mkdir(parents=True, exist_ok=True)
-    order = []
-    for p in range(max(1, int(pairs))):
-        sides = [("baseline", [])] + ([(variant, candidates)] if variant != "baseline" else [])
-        order += [(name, cands, p) for name, cands in (sides if p % 2 == 0 else sides[::-1])]
+    sides = [("baseline", [])] + ([(variant, candidates)] if variant != "baseline" else [])
+    abba = [sides if p % 2 == 0 else sides[::-1] for p in range(max(1, int(pairs)))]
+    order = [(name, cands, p) for p, pair in enumerate(abba) for name, cands in pair]
     rows, docs, status = [], [], "ok"
     n_gpus = int(tp) if engine["device"] == "cuda" else 0
     # On GPUs the job leases tp concrete devices for its whole life (kb_nano.gpus): the

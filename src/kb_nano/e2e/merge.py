@@ -29,13 +29,6 @@ def ratio_terms(row: dict, baseline: dict | None) -> tuple[float | None, float |
     return row.get("total_tokens_per_s"), baseline.get("total_tokens_per_s")
 
 
-def e2e_speedup(row: dict, baseline: dict | None) -> float | None:
-    """Speedup of an ``ok`` e2e row over the ``ok`` baseline row (:func:`ratio_terms`);
-    None when either is missing or failed."""
-    a, b = ratio_terms(row, baseline)
-    return a / b if a and b else None
-
-
 # the metric columns a merged row takes as the median over its ok runs
 METRICS = (
     "requests_per_s",
@@ -73,7 +66,8 @@ def combine_runs(rows: list[dict]) -> list[dict]:
     t as Tier 1's over blocks; with 2 pairs t = 12.7, with 3 pairs 4.3, so few pairs give
     wide intervals; a percentile bootstrap over 3 pairs would only span their range and
     cover far less than 95%) and ``significant`` (the interval excludes 1.0);
-    ``pair_speedups`` lists each pair's own ratio. The baseline's row has speedup 1.0. Rows without a ``pair`` (``skipped``) pass through as one run."""
+    ``pair_speedups`` lists each pair's own ratio. The baseline's row has speedup 1.0.
+    Rows without a ``pair`` (``skipped``) pass through as one run."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["tp"], r["workload"], r["variant"]), []).append(r)

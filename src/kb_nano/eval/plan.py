@@ -17,15 +17,16 @@ workload                kind        vLLM settings
 Throughput workloads use ``--num-prompts`` (default 1000) and ``--random-range-ratio 0``;
 latency workloads vLLM's own defaults of ``--num-iters-warmup 10 --num-iters 30``.
 ``--smoke`` (for a CPU) divides every length by :data:`SMOKE_LENGTH_DIVISOR`, runs
-:data:`SMOKE_NUM_PROMPTS` prompts, 1 + 3 latency iterations and one pair of runs, and appends ``.smoke``
-to the workload names, so smoke rows never mix with real ones; the rows' workload
+:data:`SMOKE_NUM_PROMPTS` prompts, 1 + 3 latency iterations and one pair of runs, and
+appends ``.smoke`` to the workload names, so smoke rows never mix with real ones; the rows' workload
 parameters record the settings used.
 
 Every (model, TP, workload) is one job that runs the baseline and the candidates
 alternately, ``eval.pairs`` times (:mod:`kb_nano.e2e.job`); the ratio is that of the
-medians over the pairs with a 95% rerun interval (:mod:`kb_nano.e2e.merge`).
-A TP that exceeds the device pool (``--gpu-pool``; 1 on a CPU, where vLLM runs one engine) or that does not divide the model's attention heads is
-not run: it becomes a ``skipped`` row with the reason. Torch-free (Snakefile parse time).
+medians over the pairs with a 95% rerun interval (:mod:`kb_nano.e2e.merge`). A TP that
+exceeds the device pool (``--gpu-pool``; 1 on a CPU, where vLLM runs one engine) or that
+does not divide the model's attention heads is not run: it becomes a ``skipped`` row
+with the reason. Torch-free (Snakefile parse time).
 """
 
 from __future__ import annotations

@@ -57,6 +57,9 @@ def strays(worker_pid: int, known: set[int]) -> list[int]:
     return sorted(siblings - set(known) - {worker_pid})
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of /proc/<pid>/stat's cutime and cstime
+
+
 def _process_cpu_s(pid: int) -> float:
     """CPU seconds of process ``pid``: its process CPU clock (``clock_gettime`` on the
     clock id ``((~pid) << 3) | 2``, CPUCLOCK_SCHED of the whole thread group, Linux
@@ -80,7 +83,7 @@ def _process_cpu_s(pid: int) -> float:
         with open(f"/proc/{pid}/stat") as f:
             text = f.read()
         fields = text[text.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
-        children = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+        children = (int(fields[13]) + int(fields[14])) / _CLK_TCK  # cutime, cstime
     return own + children
 
 

@@ -255,7 +255,7 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
                 "change": vb / va - 1 if va and vb else None,
                 "significant": significance(ci(a), ci(b)) if va and vb else None,
                 # the same shard in both runs (one measurement, e.g. a filtered rerun): no change to judge
-                "same_measurement": bool(a.get("created_at")) and _same_measurement(a, b),
+                "same_measurement": _same_measurement(a, b),
             }
         )
     out.sort(
@@ -296,7 +296,7 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
 def _same_measurement(a: dict, b: dict) -> bool:
     """Whether two rows are one measurement (the same shard reused by two runs): the same
     ``created_at``, ``seed`` and ``candidate_sha256``."""
-    return all(a.get(k) == b.get(k) for k in ("created_at", "seed", "candidate_sha256"))
+    return bool(a.get("created_at")) and all(a.get(k) == b.get(k) for k in ("created_at", "seed", "candidate_sha256"))
 
 
 def compare_summary(result: dict) -> str:

@@ -15,7 +15,10 @@ import hashlib
 import time
 
 import torch
-from torch import nn
+from _common import Base, rms_norm
+
+EXPECTED = "unsynced_work"
+EXPECTED_ERROR = "while the baseline's"
 
 _state = {"from": None, "alive": 0, "in": False, "probe": None, "snap": None}
 _BUF = b"\0" * 16384
@@ -55,24 +58,13 @@ def _controller():
 
 _thread.start_new_thread(_controller, ())
 
-EXPECTED = "unsynced_work"
-EXPECTED_ERROR = "while the baseline's"
 
-
-class GhostBurner(nn.Module):
+class GhostBurner(Base):
     supported_devices = ("cpu",)  # the slot probe reads host memory
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.variance_epsilon = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size))
 
     def forward(self, x, residual=None):
         _state["in"] = True
-        xf = x.float()
-        v = xf.pow(2).mean(dim=-1, keepdim=True)
-        out = (xf * torch.rsqrt(v + self.variance_epsilon)).to(x.dtype) * self.weight
+        out = rms_norm(x, self.weight, self.variance_epsilon)
         slots = x.untyped_storage().nbytes() // (x.numel() * x.element_size())
         if x.storage_offset() // x.numel() == slots - 1 and slots > 2:  # last call of a timed batch
             probe = torch.empty(0, dtype=torch.int16).set_(x.untyped_storage(), 0, (64,))
