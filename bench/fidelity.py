@@ -19,8 +19,12 @@ measured by kb-nano exactly as a kernel job measures it (:func:`kb_nano.kernels.
   call would re-read its intermediates from memory; kb-nano's (and a model's) calls find
   them in L2. Agreement: within 5 % for calls >= 10 us, within 1 us below.
 - **graph time vs do_bench_cudagraph**: ``triton.testing.do_bench_cudagraph`` of a function
-  that rotates over as many input sets as the row's ``graph_calls`` (so both replay the
-  same rotating workload), median mode. Agreement: within 5 %.
+  that rotates over as many input sets as the row's ``graph_calls`` (K) and keeps each
+  call's output until K calls later, so both replay the same workload: K input sets, K
+  output buffers written in turn (kb-nano keeps every output of its graph, to check it).
+  Median mode, ``rep=100``; the SM clock (NVML) is sampled during it. Agreement: within
+  5 %. Also shown (``rep=20``): the same without keeping outputs (every call reuses one
+  freed output buffer, as ``do_bench_cudagraph(lambda: module(*x))`` does).
 - **reproducibility**: the speedup of sweep 2 against sweep 1: the relative difference
   and whether sweep 2's speedup lies in sweep 1's interval.
 - **flush**: CUPTI kernel time of each single-kernel candidate at the largest token count
@@ -128,18 +132,61 @@ def slots(scenario: dict, eager_ms: float, device: torch.device) -> int:
     return batch_calls(eager_ms, 3 * sum(spec_bytes(s) for s in scenario["inputs"]), device, 100)
 
 
-def do_bench_graph_ms(module, sets: list[list]) -> float:
-    """``do_bench_cudagraph`` (median) of a function rotating over ``sets``."""
+def do_bench_graph_ms(module, sets: list[list], ring: bool = True, rep: int = 100) -> tuple[float, float | None]:
+    """``do_bench_cudagraph`` (median) of a function rotating over ``sets``, and the median
+    SM clock (MHz, NVML) while it ran. ``ring``: each call's output is kept until
+    ``len(sets)`` calls later, so the calls write ``len(sets)`` distinct output buffers in
+    turn, as kb-nano's graph does (it keeps every call's output, to check it); without,
+    every output is freed at once and the next call reuses its memory."""
+    import collections
+
     import triton.testing
 
-    i = [0]
+    i, held = [0], collections.deque(maxlen=len(sets) if ring else 1)
 
     def fn():
-        module(*sets[i[0] % len(sets)])
+        out = module(*sets[i[0] % len(sets)])
+        if ring:
+            held.append(out)
         i[0] += 1
 
-    with torch.inference_mode():
-        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+    clock = ClockSampler()
+    with torch.inference_mode(), clock:
+        ms = float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+    held.clear()
+    return ms, clock.median()
+
+
+class ClockSampler:
+    """The SM clock (MHz) sampled by NVML every 10 ms in a thread while the block runs."""
+
+    def __enter__(self):
+        import threading
+
+        self.samples, self._stop = [], threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:
+            return self
+
+        def run():
+            while not self._stop.wait(0.01):
+                self.samples.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if getattr(self, "_thread", None):
+            self._thread.join()
+
+    def median(self) -> float | None:
+        return float(statistics.median(self.samples)) if self.samples else None
 
 
 def flush_compare_us(module, inputs: list, device: torch.device, calls: int = 30) -> dict:
@@ -259,6 +306,10 @@ def ncu_ms(jobs: list, out_dir: Path) -> list[tuple[float, float]] | str:
     return [(med[2 * j], med[2 * j + 1]) for j in range(len(jobs))]
 
 
+def mhz(v) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def kernel_ok(kb: float, ref: float) -> bool:
     return abs(kb - ref) <= (KERNEL_REL * ref if ref >= 0.010 else KERNEL_ABS_MS)
 
@@ -288,8 +339,9 @@ def report(rows: list[dict], ncu_note: str | None, head: str) -> tuple[str, int]
         "",
         "## Graph time vs do_bench_cudagraph",
         "",
-        "| row | side | kb-nano graph ms | do_bench_cudagraph ms | diff | agrees |",
-        "| --- | --- | ---: | ---: | ---: | :---: |",
+        "| row | side | K | kb-nano graph ms (SM MHz) | do_bench_cudagraph ms (SM MHz) | diff | agrees "
+        "| one output buffer: ms, diff |",
+        "| --- | --- | ---: | ---: | ---: | ---: | :---: | ---: |",
     ]
     for r in rows:
         for side in ("baseline", "candidate"):
@@ -298,9 +350,11 @@ def report(rows: list[dict], ncu_note: str | None, head: str) -> tuple[str, int]
                 continue
             ok = abs(kb / ref - 1) <= GRAPH_REL
             bad += not ok
+            one = r.get(f"dbcg1_{side}_ms")
             out.append(
-                f"| {r['row']} | {side} | {kb:.4f} | {ref:.4f} | {100 * (kb / ref - 1):+.1f}% | "
-                f"{'yes' if ok else '**no**'} |"
+                f"| {r['row']} | {side} | {r.get('graph_calls')} | {kb:.4f} ({mhz(r.get('sm_clock_mhz'))}) | "
+                f"{ref:.4f} ({mhz(r.get(f'dbcg_{side}_mhz'))}) | {100 * (kb / ref - 1):+.1f}% | "
+                f"{'yes' if ok else '**no**'} | " + (f"{one:.4f}, {100 * (kb / one - 1):+.1f}% |" if one else "- |")
             )
     out += [
         "",
@@ -393,8 +447,9 @@ def main() -> int:
     for r, (s, cand) in zip(rows, ok_jobs):
         mods = modules(s, cand, device)
         sets = input_sets(s, device, r["graph_calls"] or slots(s, r["baseline_eager_ms"], device))
-        r["dbcg_baseline_ms"] = do_bench_graph_ms(mods["baseline"], sets)
-        r["dbcg_candidate_ms"] = do_bench_graph_ms(mods["candidate"], sets)
+        for side in ("baseline", "candidate"):
+            r[f"dbcg_{side}_ms"], r[f"dbcg_{side}_mhz"] = do_bench_graph_ms(mods[side], sets)
+            r[f"dbcg1_{side}_ms"], _ = do_bench_graph_ms(mods[side], sets, ring=False, rep=20)
         if s["num_tokens"] == biggest and r["candidate_kernels"] == 1 and not s.get("context_len"):
             r["flush_us"] = flush_compare_us(mods["candidate"], sets[0], device)
         del mods, sets

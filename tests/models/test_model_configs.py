@@ -426,3 +426,32 @@ def test_shared_reference_facts(hub_id):
     config = load_config(hub_id)
     for key, want in facts[hub_id].items():
         _check_fact(hub_id, key, want, raw, config)
+
+
+def test_manifest_generation_reads_configs_without_the_optional_vision_and_sklearn_imports(tmp_path):
+    """A fresh process generating a manifest does not import torchvision or scikit-learn
+    (transformers imports them when installed; the manifest needs config classes only),
+    and both are importable again afterwards."""
+    import subprocess
+    import sys
+
+    code = f"""
+import importlib.util, sys
+from pathlib import Path
+from kb_nano.kernels.manifest import cached
+from kb_nano.workflow import manifest_params
+root = Path({str(REPO)!r})
+params = manifest_params({{"models": ["llama32-1b"], "tp": [1], "num_tokens": [1], "dtype": "auto",
+                          "context_lens": None, "targets": ["rms_norm"]}})
+data, how = cached(Path({str(tmp_path / "m.yaml")!r}), root, params, [])
+assert how == "generated" and data["scenarios"], how
+assert "transformers" in sys.modules
+loaded = [n for n in ("torchvision", "sklearn") if n in sys.modules]
+assert not loaded, loaded
+if importlib.util.find_spec("sklearn") is not None:
+    import sklearn.metrics  # importable again after the block
+print("ok")
+"""
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]

@@ -21,7 +21,14 @@ import yaml
 from kb_nano import operators
 from kb_nano.errors import KbNanoError
 from kb_nano.files import atomic_write_text
-from kb_nano.models.configs import config_fields, config_sha256, load_config, model_facts, resolve
+from kb_nano.models.configs import (
+    config_fields,
+    config_imports_only,
+    config_sha256,
+    load_config,
+    model_facts,
+    resolve,
+)
 from kb_nano.paths import PACKAGE_DIR
 
 SCHEMA_VERSION = 1
@@ -302,15 +309,16 @@ def _cached_locked(path: Path, root: Path, params: dict, digest_now: str, shared
             if how is not None:
                 write(data, path)
             return data, how
-    manifest = generate(
-        models=list(params["models"]),
-        tps=[int(t) for t in params["tp"]],
-        num_tokens=[int(n) for n in params["num_tokens"]],
-        dtype=params["dtype"],
-        root=root,
-        context_lens=params.get("context_lens"),
-        targets=params.get("targets"),
-    )
+    with config_imports_only():
+        manifest = generate(
+            models=list(params["models"]),
+            tps=[int(t) for t in params["tp"]],
+            num_tokens=[int(n) for n in params["num_tokens"]],
+            dtype=params["dtype"],
+            root=root,
+            context_lens=params.get("context_lens"),
+            targets=params.get("targets"),
+        )
     manifest = {
         "schema_version": manifest["schema_version"],
         "inputs_digest": digest_now,

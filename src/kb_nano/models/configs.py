@@ -11,9 +11,11 @@ Hub itself is never contacted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +132,35 @@ def config_fields(ref: ModelRef, root: Path) -> dict:
     """The fields of a model's config.json as a plain dict (what ``AutoConfig`` reads)."""
     path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
     return json.loads(path.read_text())
+
+
+# Packages transformers imports when installed although reading a config needs neither:
+# torchvision (its ops import torch._dynamo) through transformers' image and video utilities,
+# scikit-learn through its generation utilities. docs/measured.md has what they cost.
+OPTIONAL_IMPORTS = ("torchvision", "sklearn")
+
+
+@contextlib.contextmanager
+def config_imports_only():
+    """Within this block a first ``import transformers`` sees :data:`OPTIONAL_IMPORTS` as not
+    installed (``sys.modules[name] = None``, which ``importlib.util.find_spec`` reads as
+    absent), so loading configs and building modules on the meta device does not import
+    them. transformers caches its availability checks, so the process keeps that view of
+    them afterwards; the names are importable again after the block. Does nothing when
+    transformers is imported already. For processes that only read configs (the manifest's
+    generation); never around code that needs image processors."""
+    if "transformers" in sys.modules:
+        yield
+        return
+    hidden = [name for name in OPTIONAL_IMPORTS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 def load_config(ref: ModelRef, root: Path):
