@@ -181,6 +181,13 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
     again = kb_nano(work, *args)
     assert again.returncode == 0, again.stdout + again.stderr
     assert shard.is_file() and kept.stat().st_mtime_ns == before
+    # providers side by side, from the same (up-to-date) results
+    side = kb_nano(work, *args, "--by-scenario", "--versus", "rms_norm/torch_fused")
+    assert side.returncode == 0, side.stdout + side.stderr
+    assert "rms_norm llama32-1b tp1" in side.stdout and "rms_norm/torch_fused (versus)" in side.stdout
+    assert "baseline: median of the baseline times" in side.stdout
+    bad = kb_nano(work, *args, "--versus", "rms_norm/nope")
+    assert bad.returncode == 2 and "--versus rms_norm/nope: not a candidate" in bad.stderr, bad.stderr
 
 
 @pytest.mark.slow

@@ -144,10 +144,19 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
         return workflow_failed(root, code, "kernels")
     if args.dry_run or snakemake_action(passthrough):
         return 0  # Snakemake ran no job (-n, --unlock, --list-rules, ...): no results table
-    from kb_nano.kernels.table import print_kernels
-
     doc = json.loads((root / output_json).read_text())
-    print_kernels(doc["rows"], doc["summary"])
+    if getattr(args, "by_scenario", False) or getattr(args, "versus", None):
+        from kb_nano.kernels.providers import print_providers
+
+        try:
+            print_providers(doc["rows"], getattr(args, "versus", None))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        from kb_nano.kernels.table import print_kernels
+
+        print_kernels(doc["rows"], doc["summary"])
     print(f"results: {root / 'results/kernels.parquet'}, {root / output_json}")
     failed = [r for r in doc["rows"] if r["status"] not in ("passed", "skipped")]
     print_mlflow_record(root, marker, marker_before)

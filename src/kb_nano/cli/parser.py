@@ -139,6 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--fail-on-error", action="store_true", help="exit 1 when any row is neither passed nor skipped (for CI gates)"
     )
+    k.add_argument(
+        "--by-scenario",
+        action="store_true",
+        help="print providers side by side: one table per operator x model x TP, one line per num_tokens, "
+        "the baseline and each candidate in columns (time, GB/s, speedup and its interval)",
+    )
+    k.add_argument(
+        "--versus",
+        metavar="CANDIDATE",
+        help="with --by-scenario (implied): also each candidate's time relative to this candidate's",
+    )
     k.set_defaults(func=cmd_kernels)
 
     g = sub.add_parser("generate-inputs", help="write the scenario manifest results/inputs/llm-<selection>.yaml")
