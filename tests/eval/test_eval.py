@@ -6,8 +6,9 @@ import json
 
 import pandas as pd
 import pytest
-from workflow_helpers import copy_workflow, kb_nano
+from workflow_helpers import REPO, copy_workflow, kb_nano
 
+from kb_nano.e2e import tier_jobs
 from kb_nano.errors import KbNanoError
 from kb_nano.eval import plan as eval_plan
 
@@ -57,6 +58,74 @@ def test_smoke_scales_down_and_is_recorded_in_the_names():
 def test_tp_skip_reasons(tp, pool, device, heads, kv, needle):
     why = eval_plan.tp_skip_reason(tp, pool, device, heads, kv)
     assert (why is None) if needle is None else (needle in why)
+
+
+def _eval_config(**ev) -> dict:
+    """The embedded config with its eval section on a CPU, one named candidate, and ``ev``."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config["eval"].update({"device": "cpu", "candidates": ["rms_norm/torch_fused"], **ev})
+    return config
+
+
+def test_smoke_plan_runs_one_pair_eagerly_and_skips_what_one_cpu_engine_cannot_run():
+    plan = eval_plan.plan(REPO, _eval_config(smoke=True, tp=[1, 2], pairs=3))
+    assert list(plan["models"]) == ["tiny-llama"]  # smoke without eval.models: the tiny Llama
+    assert plan["tps"] == {"tiny-llama": [1]}
+    assert plan["skipped"] == [["tiny-llama", 2, eval_plan.tp_skip_reason(2, 1, "cpu", 4, 2)]]
+    assert "one CPU engine" in plan["skipped"][0][2]
+    assert plan["variants"] == ["baseline", "rms_norm.torch_fused"]
+    assert plan["pairs"] == 1  # smoke: one pair, whatever eval.pairs says
+    assert plan["engine"] == {
+        "dtype": "auto",
+        "max_model_len": 96,  # prefill-heavy.smoke and decode-heavy.smoke: 64 + 32 tokens
+        "enforce_eager": True,
+        "seed": 42,
+        "device": "cpu",
+        "timeout_s": 3600,
+    }
+    assert tier_jobs.shard_paths("eval", plan) == [
+        f"results/eval/tiny-llama/tp1/{w.name}/rms_norm.torch_fused.parquet" for w in eval_plan.workloads(smoke=True)
+    ]
+
+
+def test_full_plan_on_cuda_uses_cuda_graphs_and_the_configured_pairs():
+    config = _eval_config(device="cuda", models=["llama31-8b"], tp=[1, 3, 8], pairs=5, gpu_pool=4)
+    plan = eval_plan.plan(REPO, config)
+    assert plan["tps"] == {"llama31-8b": [1]}
+    assert [(key, tp) for key, tp, _ in plan["skipped"]] == [("llama31-8b", 3), ("llama31-8b", 8)]
+    assert "does not divide num_attention_heads=32" in plan["skipped"][0][2]
+    assert "the pool is --gpu-pool 4" in plan["skipped"][1][2]
+    assert plan["pairs"] == 5
+    assert plan["engine"]["enforce_eager"] is False and plan["engine"]["max_model_len"] == 1536
+    assert tier_jobs.job_gpus(plan, "1") == 1
+
+
+def test_skipped_rows_one_per_workload_and_variant_of_a_skipped_tp():
+    config = _eval_config(smoke=True, tp=[1, 2], candidates=["rms_norm/torch_fused", "silu_and_mul/inplace"])
+    plan = eval_plan.plan(REPO, config)
+    rows = eval_plan.skipped_rows(plan)
+    works = eval_plan.workloads(smoke=True)
+    assert len(rows) == len(works) * 2
+    assert {(r["model"], r["tp"], r["status"], r["device"]) for r in rows} == {("tiny-llama", 2, "skipped", "cpu")}
+    assert {r["error"] for r in rows} == {plan["skipped"][0][2]}
+    by_variant = {r["variant"]: r["candidates"] for r in rows}
+    assert by_variant == {
+        "baseline": "",
+        "rms_norm.torch_fused+silu_and_mul.inplace": "rms_norm/torch_fused,silu_and_mul/inplace",
+    }
+    first = rows[0]
+    assert (first["workload"], first["kind"], first["hub_id"]) == (works[0].name, "throughput", None)
+    assert json.loads(first["workload_params"]) == works[0].params()
+    assert eval_plan.skipped_rows(eval_plan.plan(REPO, _eval_config(smoke=True, tp=[1]))) == []
+
+
+def test_eval_plan_without_its_section_names_the_section():
+    config = _eval_config()
+    del config["eval"]
+    with pytest.raises(KbNanoError, match="the config has no eval: section"):
+        eval_plan.plan(REPO, config)
 
 
 @pytest.fixture(scope="module")

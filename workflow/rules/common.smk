@@ -94,152 +94,70 @@ def golden_model_config(wildcards):
     return str(ref.config_path)
 
 
-# ----------------------------------------------------------------------------- Tier 2 (e2e.smk)
+# ----------------------------------------------------------------------------- Tiers 2 and 3 (e2e.smk, eval.smk)
+# Planned in the tier packages (kb_nano.e2e.plan, kb_nano.eval.plan, kb_nano.e2e.tier_jobs);
+# lazily, by these input functions, so a Tier-1 run never depends on the e2e/eval sections.
 from kb_nano.e2e import plan as e2e_plan
+from kb_nano.e2e import tier_jobs
 from kb_nano.eval import plan as eval_plan
-from kb_nano.candidates import file_sha256 as candidate_sha256
 
 # Tier 2/3 sections are optional for Tier-1 runs (a config/config.yaml without them still works).
 E2E_OUTPUT_JSON = config.get("e2e", {}).get("output_json", "results/e2e.json")
 EVAL_OUTPUT_JSON = config.get("eval", {}).get("output_json", "results/eval.json")
 ENV_E2E = "../../envs/kb_nano_e2e.yaml"
-E2E_HARNESS = [
-    str(kbw.PACKAGE_DIR / f)
-    for f in (
-        "e2e/commands.py",
-        "e2e/job.py",
-        "e2e/vllm_plugin.py",
-        "e2e/vllm_cli.py",
-        "e2e/workloads.py",
-        "e2e/schema.py",
-        "candidates.py",
-        "rows.py",
-    )
-]
+TIER_PLANS = {"e2e": e2e_plan.plan, "eval": eval_plan.plan}
+
+
+def kb_errors(fn):
+    """``fn`` with a KbNanoError raised as Snakemake's WorkflowError (one line, no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KbNanoError as exc:
+            raise WorkflowError(f"kb-nano: {exc}") from None
+
+    return wrapped
 
 
 @functools.lru_cache(maxsize=2)
+@kb_errors
 def tier_plan(tier):
-    """The jobs of an end-to-end tier (``e2e`` from the ``e2e`` config section, ``eval``
-    from ``eval`` with its fixed workloads, kb_nano.eval.plan): device, models by key,
-    workloads by name, variants, the TPs each model runs, skipped (model, tp, reason),
-    the pairs of engine runs per job (eval smoke: 1) and the engine settings."""
-    if tier not in config:
-        raise WorkflowError(
-            f"kb-nano: the config has no {tier}: section; copy it from config/config.yaml"
-        )
-    try:
-        if tier == "eval":
-            plan = eval_plan.plan(Path("."), config)
-            ev = config["eval"]
-            plan["engine"] = {
-                "dtype": "auto",
-                "max_model_len": plan["max_model_len"],
-                # CUDA graphs as vLLM serves by default; eager only for CPU smoke runs
-                "enforce_eager": bool(ev["smoke"]),
-                "seed": ev["seed"],
-                "device": plan["device"],
-                "timeout_s": ev["timeout_s"],
-            }
-            return plan
-        e2e = config["e2e"]
-        device = e2e_plan.e2e_device(config)
-        models = {}
-        for spec in e2e["models"]:
-            m = e2e_plan.model(spec, Path("."), e2e["load_format"])
-            models[m.key] = m
-        return {
-            "device": device,
-            "models": models,
-            "workloads": {w.name: w for w in e2e_plan.workloads(config)},
-            "variants": e2e_plan.variants(Path("."), config, device),
-            "tps": {key: list(e2e["tp"]) for key in models},
-            "skipped": [],
-            "pairs": e2e["pairs"],
-            "engine": {
-                "dtype": e2e["dtype"],
-                "max_model_len": e2e["max_model_len"],
-                "enforce_eager": e2e["enforce_eager"],
-                "seed": e2e["seed"],
-                "device": device,
-                "timeout_s": e2e["timeout_s"],
-            },
-        }
-    except KbNanoError as exc:
-        raise WorkflowError(f"kb-nano: {exc}") from None
+    """The plan of tier ``e2e`` (kb_nano.e2e.plan.plan) or ``eval`` (kb_nano.eval.plan.plan)."""
+    return TIER_PLANS[tier](Path("."), config)
 
 
 def tier_shards(tier):
-    plan = tier_plan(tier)
-    return [
-        f"results/{tier}/{m}/tp{tp}/{w}/{v}.parquet"
-        for m in plan["models"]
-        for tp in plan["tps"][m]
-        for w in plan["workloads"]
-        for v in e2e_plan.job_variants(plan["variants"])
-    ]
+    return tier_jobs.shard_paths(tier, tier_plan(tier))
 
 
+@kb_errors
 def e2e_job_inputs(wildcards):
-    model = tier_plan(wildcards.tier)["models"][wildcards.model]
-    return {
-        "candidates": [
-            str(c.path)
-            for c in e2e_plan.variant_candidates(wildcards.variant, Path("."))
-        ],
-        "model_config": str(model.path / "config.json"),
-        "harness": E2E_HARNESS,
-    }
+    return tier_jobs.job_inputs(
+        tier_plan(wildcards.tier),
+        wildcards.tier,
+        wildcards.model,
+        wildcards.variant,
+        Path("."),
+    )
 
 
+@kb_errors
 def e2e_params(wildcards):
-    plan = tier_plan(wildcards.tier)
-    m = plan["models"][wildcards.model]
-    cands = e2e_plan.variant_candidates(wildcards.variant, Path("."))
-    return {
-        "model": {
-            "key": m.key,
-            "hub_id": m.hub_id,
-            "path": str(m.path),
-            "tokenizer": str(m.tokenizer),
-            "load_format": m.load_format,
-            "weights": m.weights,
-        },
-        "workload": plan["workloads"][wildcards.workload].params(),
-        "candidates": [
-            {"id": c.id, "path": str(Path(c.path).resolve())} for c in cands
-        ],
-        "engine": plan["engine"],
-        "pairs": plan["pairs"],
-    }
+    return tier_jobs.job_params(
+        tier_plan(wildcards.tier),
+        wildcards.tier,
+        wildcards.model,
+        wildcards.workload,
+        wildcards.variant,
+        Path("."),
+    )
 
 
 def e2e_gpus(wildcards):
-    return 0 if tier_plan(wildcards.tier)["device"] == "cpu" else int(wildcards.tp)
+    return tier_jobs.job_gpus(tier_plan(wildcards.tier), wildcards.tp)
 
 
 def eval_skipped_rows():
-    """One ``skipped`` row per workload x variant of every (model, TP) the eval plan skips."""
-    plan = tier_plan("eval")
-    return [
-        {
-            "model": key,
-            "hub_id": plan["models"][key].hub_id,
-            "tp": tp,
-            "workload": w.name,
-            "kind": w.kind,
-            "workload_params": json.dumps(w.params(), sort_keys=True),
-            "variant": variant,
-            "candidates": (
-                ""
-                if variant == "baseline"
-                else variant.replace("+", ",").replace(".", "/")
-            ),
-            "status": "skipped",
-            "error": reason,
-            "device": plan["device"],
-        }
-        for key, tp, reason in plan["skipped"]
-        for w in plan["workloads"].values()
-        for variant in plan["variants"]
-    ]
+    return eval_plan.skipped_rows(tier_plan("eval"))

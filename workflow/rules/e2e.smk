@@ -1,7 +1,8 @@
 # Tier 2: vLLM's own benchmarks with candidates swapped into the engine (kb_nano.e2e.job).
 # Planned lazily (input functions), so a Tier-1 run never depends on the e2e section.
 # Named target: `snakemake e2e` (what `kb_nano e2e ...` builds with a config override).
-# Job planning helpers (input functions): workflow/rules/common.smk.
+# Planned by kb_nano.e2e.plan (Tier 2) and kb_nano.eval.plan (Tier 3); each job's shard paths,
+# inputs and params: kb_nano.e2e.tier_jobs, called by the input functions of common.smk.
 
 
 # One job per model x TP x workload x variant of Tier 2 (tier "e2e") and of the Tier-3 eval

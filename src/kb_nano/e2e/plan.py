@@ -232,14 +232,20 @@ def variant_name(cands: list[CandidateRef]) -> str:
     return "+".join(c.id.replace("/", ".") for c in cands) if cands else BASELINE
 
 
+def variant_ids(name: str) -> list[str]:
+    """The candidate ids a variant name spells, in order (inverse of :func:`variant_name`;
+    ``[]`` for ``baseline``). Only the name is read: no candidate file is looked up."""
+    return [] if name == BASELINE else [part.replace(".", "/", 1) for part in name.split("+")]
+
+
 def variant_candidates(name: str, root: Path) -> list[CandidateRef]:
-    """The candidates a variant name spells (inverse of :func:`variant_name`)."""
+    """The candidates a variant name spells (:func:`variant_ids`), found under ``root``.
+    Raises ``KbNanoError`` for an id without a candidate file."""
     if name == BASELINE:
         return []
     by_id = {c.id: c for c in discover(root)}
     out = []
-    for part in name.split("+"):
-        cid = part.replace(".", "/", 1)
+    for cid in variant_ids(name):
         if cid not in by_id:
             raise KbNanoError(f"variant {name!r}: no candidate file for {cid}")
         out.append(by_id[cid])
@@ -286,3 +292,61 @@ def e2e_device(config: dict) -> str:
 
     # GPUs of the host (CUDA_VISIBLE_DEVICES / nvidia-smi); a fake KB_NANO_GPU_IDS pool is not a GPU
     return "cuda" if pool({k: v for k, v in os.environ.items() if k != POOL_ENV}) else "cpu"
+
+
+def require_section(config: dict, tier: str) -> dict:
+    """The config's ``tier`` section (``e2e`` or ``eval``): optional for Tier-1 runs, so
+    checked only when the tier is planned. Raises ``KbNanoError`` when it is missing."""
+    if tier not in config:
+        raise KbNanoError(f"the config has no {tier}: section; copy it from config/config.yaml")
+    return config[tier]
+
+
+def engine_settings(
+    *, dtype: str, max_model_len: int, enforce_eager: bool, seed: int | None, device: str, timeout_s: float
+) -> dict:
+    """The ``engine`` settings every job of a tier gets (:func:`kb_nano.e2e.job.run`):
+    vLLM's ``--dtype``, ``--max-model-len``, ``--enforce-eager`` and ``--seed``, the
+    device (``cpu`` | ``cuda``) and the job's timeout in seconds."""
+    return {
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "enforce_eager": enforce_eager,
+        "seed": seed,
+        "device": device,
+        "timeout_s": timeout_s,
+    }
+
+
+def plan(root: Path, config: dict) -> dict:
+    """The Tier-2 run of ``config['e2e']``: ``device`` (:func:`e2e_device`), ``models``
+    (key -> :class:`E2EModel`, loaded as ``e2e.load_format`` says), ``workloads`` (name ->
+    Workload, :func:`workloads`), ``variants`` (:func:`variants`), ``tps`` (model key ->
+    ``e2e.tp``: Tier 2 runs every configured TP), ``skipped`` (always empty: Tier 2 skips
+    no TP; Tier 3's plan has the same keys, :func:`kb_nano.eval.plan.plan`), ``pairs``
+    (``e2e.pairs``) and ``engine`` (:func:`engine_settings` from the ``e2e`` section).
+    Raises ``KbNanoError`` for a missing ``e2e`` section, an unknown model or load format,
+    bad workloads or candidates."""
+    e2e = require_section(config, "e2e")
+    device = e2e_device(config)
+    models = {}
+    for spec in e2e["models"]:
+        m = model(spec, root, e2e["load_format"])
+        models[m.key] = m
+    return {
+        "device": device,
+        "models": models,
+        "workloads": {w.name: w for w in workloads(config)},
+        "variants": variants(root, config, device),
+        "tps": {key: list(e2e["tp"]) for key in models},
+        "skipped": [],
+        "pairs": e2e["pairs"],
+        "engine": engine_settings(
+            dtype=e2e["dtype"],
+            max_model_len=e2e["max_model_len"],
+            enforce_eager=e2e["enforce_eager"],
+            seed=e2e["seed"],
+            device=device,
+            timeout_s=e2e["timeout_s"],
+        ),
+    }

@@ -192,11 +192,18 @@ def plan(root: Path, config: dict) -> dict:
     """The eval sweep of ``config['eval']``: ``device``, ``models`` (key -> E2EModel),
     ``workloads`` (name -> Workload), ``variants`` (``baseline`` + the candidate set),
     ``candidates`` (that set), ``model_specs`` (the models as configured),
-    ``tps`` (model key -> the TPs that run), ``skipped`` (``[model key, tp, reason]``)
-    and ``pairs`` (engine-run pairs per job: ``eval.pairs``, 1 with ``smoke``). Raises ``KbNanoError`` for bad settings."""
-    from kb_nano.e2e.plan import BASELINE, model, variant_name
+    ``tps`` (model key -> the TPs that run), ``skipped`` (``[model key, tp, reason]``),
+    ``max_model_len`` (:func:`max_model_len` of the workloads), ``pairs`` (engine-run pairs
+    per job: ``eval.pairs``, 1 with ``smoke``) and ``engine``
+    (:func:`kb_nano.e2e.plan.engine_settings`: vLLM's own dtype, ``max_model_len``, CUDA
+    graphs as vLLM serves by default, eager only with ``smoke`` (CPU runs), ``eval.seed``,
+    ``eval.timeout_s``). The keys of Tier 2's plan are a subset
+    (:func:`kb_nano.e2e.plan.plan`), so both tiers' jobs are built alike
+    (:mod:`kb_nano.e2e.tier_jobs`). Raises ``KbNanoError`` for a missing ``eval`` section or
+    bad settings."""
+    from kb_nano.e2e.plan import BASELINE, engine_settings, model, require_section, variant_name
 
-    ev = config["eval"]
+    ev = require_section(config, "eval")
     dev = device(config)
     works = workloads(int(ev["num_prompts"]), bool(ev.get("smoke")))
     specs = default_models(root, config, dev)
@@ -216,6 +223,7 @@ def plan(root: Path, config: dict) -> dict:
             else:
                 tps[key].append(int(tp))
     cands = candidates(root, config, dev, specs)
+    longest = max_model_len(works)
     return {
         "device": dev,
         "models": models,
@@ -225,6 +233,44 @@ def plan(root: Path, config: dict) -> dict:
         "model_specs": specs,
         "tps": tps,
         "skipped": skipped,
-        "max_model_len": max_model_len(works),
+        "max_model_len": longest,
         "pairs": 1 if ev.get("smoke") else int(ev["pairs"]),
+        "engine": engine_settings(
+            dtype="auto",
+            max_model_len=longest,
+            enforce_eager=bool(ev.get("smoke")),
+            seed=ev["seed"],
+            device=dev,
+            timeout_s=ev["timeout_s"],
+        ),
     }
+
+
+def skipped_rows(plan: dict) -> list[dict]:
+    """The result rows of what ``plan`` (:func:`plan`) does not run: one ``status: skipped``
+    row per workload x variant of every skipped (model, TP), its ``error`` the reason
+    (:func:`tp_skip_reason`); the columns a job's row has for the same model, TP, workload
+    and variant (``candidates``: the variant's ids joined by ``,``, empty for the baseline),
+    without measurements."""
+    import json
+
+    from kb_nano.e2e.plan import variant_ids
+
+    return [
+        {
+            "model": key,
+            "hub_id": plan["models"][key].hub_id,
+            "tp": tp,
+            "workload": w.name,
+            "kind": w.kind,
+            "workload_params": json.dumps(w.params(), sort_keys=True),
+            "variant": variant,
+            "candidates": ",".join(variant_ids(variant)),
+            "status": "skipped",
+            "error": reason,
+            "device": plan["device"],
+        }
+        for key, tp, reason in plan["skipped"]
+        for w in plan["workloads"].values()
+        for variant in plan["variants"]
+    ]
