@@ -176,11 +176,39 @@ def test_speedup_basis_and_stopping_rule():
     s["blocks"] = 5
     s["kernel"]["block_base"], s["kernel"]["block_cand"] = [2.0] * 5, [1.0] * 5
     assert stop_reason(s, "kernel", cuda, settings) == "ci_target"
+    s["planned"] = None  # a new measurement
     s["kernel"]["block_base"] = [1.0, 3.0, 1.5, 2.6, 2.0]  # noisy blocks: the interval is wide
     assert stop_reason(s, "kernel", cuda, settings) is None
+    planned = s["planned"][1]
+    assert planned > 5
     assert stop_reason(s, "kernel", cuda, {**settings, "max_timing_s": 1e-9}) == "max_timing_s"
+    # the first stage fixed the count: blocks that tighten the interval later do not stop it early
+    s["blocks"] = planned - 1
+    s["kernel"]["block_base"] += [2.0] * (planned - 6)
+    s["kernel"]["block_cand"] = [1.0] * (planned - 1)
+    assert stop_reason(s, "kernel", cuda, settings) is None and s["planned"][1] == planned
+    s["blocks"] = planned
+    assert stop_reason(s, "kernel", cuda, settings) == "ci_target"
     s["blocks"] = 10
     assert stop_reason(s, "eager", cpu, settings) == "fixed"
+
+
+def test_planned_blocks_reach_the_target_from_the_first_stage_spread():
+    """planned_blocks: the least block count whose rerun interval, at the first stage's
+    spread, is within the target; more for a noisier first stage or a tighter target."""
+    import numpy as np
+
+    from kb_nano import stats
+    from kb_nano.kernels.blocks import planned_blocks
+
+    base, cand = [2.0, 2.1, 1.9, 2.05, 1.95], [1.0] * 5
+    n = planned_blocks(base, cand, 0.02, 5)
+    spread = float(np.std(np.log(base), ddof=1))
+    half = lambda k: stats.t975(k - 1) * np.sqrt(np.pi / 2) * spread * np.sqrt(2 / k)  # noqa: E731
+    assert np.sinh(half(n)) <= 0.02 < np.sinh(half(n - 1))
+    assert planned_blocks(base, cand, 0.01, 5) > n > planned_blocks(base, cand, 0.05, 5) >= 5
+    assert planned_blocks([2.0] * 5, cand, 0.02, 5) == 5  # no spread: the first stage is enough
+    assert planned_blocks([1.0, 9.0] * 3, [1.0] * 6, 0.001, 5, most=50) == 50
 
 
 def test_judge_clock_cross_check_ignores_jitter_and_sees_hidden_work():

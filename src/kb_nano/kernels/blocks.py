@@ -10,11 +10,15 @@ over its calls) per side per timer. The estimates are medians over blocks
 the range a rerun's speedup falls in (a prediction interval), not a confidence interval
 of the true speedup.
 
-Stopping (:func:`stop_reason`), after nvbench's noise-based stopping: on CUDA at least
-5 blocks, then stop when the interval's half-width is within ``ci_target``
-of the speedup, or when ``max_timing_s`` of timing has passed. On a CPU the block count is
-fixed (``min_blocks``; the 2-core CI machines are too noisy for a relative target to be
-reached in useful time).
+Stopping (:func:`stop_reason`), after nvbench's noise-based stopping but in two stages
+(Stein's two-stage procedure): on CUDA the first stage is 5 blocks; their spread fixes how
+many blocks the interval needs to be within ``ci_target`` of the speedup
+(:func:`planned_blocks`), and the measurement runs that many, or until ``max_timing_s``
+of timing has passed. The interval is computed over all blocks. Stopping instead at the
+first block where the interval looks narrow enough would pick the moment the blocks'
+spread happened to dip, and report an interval narrower than the reruns' spread. On a
+CPU the block count is fixed (``min_blocks``; the 2-core CI machines are too noisy for a
+relative target to be reached in useful time).
 
 :class:`SmClock` reads the SM clock and the clock-event (throttle) reasons through NVML
 after every block.
@@ -70,9 +74,17 @@ def new_pass() -> dict:
 
 def new_samples() -> dict:
     """All the samples of one measurement (see :func:`new_pass`), plus ``blocks`` (count),
-    ``stop`` (why the blocks stopped), ``errors`` (timer -> why it has no samples) and
-    ``started`` (monotonic s when the first block began)."""
-    return {**{t: new_pass() for t in TIMERS}, "blocks": 0, "stop": None, "errors": {}, "started": None}
+    ``stop`` (why the blocks stopped), ``errors`` (timer -> why it has no samples),
+    ``started`` (monotonic s when the first block began) and ``planned`` (``(timer,
+    blocks)`` once the first stage fixed the block count, :func:`stop_reason`)."""
+    return {
+        **{t: new_pass() for t in TIMERS},
+        "blocks": 0,
+        "stop": None,
+        "errors": {},
+        "started": None,
+        "planned": None,
+    }
 
 
 def basis(requested: str, device: torch.device, errors: dict) -> str:
@@ -96,20 +108,47 @@ def least_blocks(device: torch.device, settings: dict) -> int:
 
 
 def stop_reason(s: dict, which: str, device: torch.device, settings: dict) -> str | None:
-    """Why the blocks stop now, or None to run another. ``which``: the basis timer."""
-    if s["blocks"] < least_blocks(device, settings):
+    """Why the blocks stop now, or None to run another. ``which``: the basis timer. On
+    CUDA, when the first stage (:func:`least_blocks`) is done, the block count is fixed
+    once from its blocks (:func:`planned_blocks`, kept in ``s["planned"]``; fixed again
+    if the basis timer changes); then ``ci_target`` when that many blocks ran,
+    ``max_timing_s`` when the time is up first."""
+    least = least_blocks(device, settings)
+    if s["blocks"] < least:
         return None
     if device.type != "cuda":
         return "fixed"
-    p = s[which]
-    b, c = estimate(p)
-    mid = b / max(c, 1e-12)
-    lo, hi = stats.speedup_interval(p["block_base"], p["block_cand"], mid)
-    if (hi - lo) / 2 <= float(settings.get("ci_target") or CI_TARGET) * mid:
+    target = float(settings.get("ci_target") or CI_TARGET)
+    if not s.get("planned") or s["planned"][0] != which:
+        p = s[which]
+        s["planned"] = (which, planned_blocks(p["block_base"], p["block_cand"], target, max(least, s["blocks"])))
+    if s["blocks"] >= s["planned"][1]:
         return "ci_target"
     if time.monotonic() - s["started"] >= float(settings.get("max_timing_s") or 1.0):
         return "max_timing_s"
     return None
+
+
+def planned_blocks(base: list[float], cand: list[float], target: float, least: int, most: int = 10_000) -> int:
+    """How many blocks the speedup's rerun interval (:func:`kb_nano.stats.speedup_interval`)
+    needs to be within ``target`` (relative half-width) of the speedup, judged from the
+    first-stage blocks ``base``/``cand`` (per-block mean call times, ms): the least ``n >=
+    least`` with ``sinh(t_{0.975, n-1} * sqrt(pi/2) * s * sqrt(2/n)) <= target``, ``s``
+    the standard deviation of the first stage's log ratios; at most ``most``. The first
+    stage's spread, not the spread after each block, decides (Stein, "A two-sample test
+    for a linear hypothesis whose power is independent of the variance", *Ann. Math.
+    Statist.* 16, 1945): the interval over all the blocks then covers as stated."""
+    logs = np.log(np.maximum(np.asarray(base, dtype=np.float64), 1e-12)) - np.log(
+        np.maximum(np.asarray(cand, dtype=np.float64), 1e-12)
+    )
+    if len(logs) < 2:
+        return least
+    spread = float(np.std(logs, ddof=1))
+    limit = float(np.arcsinh(target))
+    n = max(least, 2)
+    while n < most and stats.t975(n - 1) * np.sqrt(np.pi / 2) * spread * np.sqrt(2 / n) > limit:
+        n += 1
+    return n
 
 
 def hidden_ms(s: dict) -> float:
