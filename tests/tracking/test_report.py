@@ -1,10 +1,12 @@
 """End to end, in a temporary copy of the workflow: a tiny real Snakemake sweep records
 one MLflow run; re-running without changes (and forcing the log rule) adds none; editing
 one candidate and re-running through ``kb_nano kernels`` adds exactly one; ``kb_nano
-history`` lists them; ``snakemake --report`` renders the plots into an HTML report."""
+history`` lists them; ``snakemake --report`` renders the plots and the merged table into
+an HTML report."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -63,8 +65,11 @@ def test_sweep_is_logged_once_per_result_set_and_reported(workdir):
     assert {
         "results/kernels.parquet",
         "results/kernels.json",
+        "results/kernels_table.html",
         "plots/kernels_speedup.png",
         "plots/kernels_bandwidth.png",
+        "plots/kernels_perf_time.png",
+        "plots/kernels_perf_gbs.png",
     } <= arts
     assert [a for a in arts if a.startswith("inputs/")] == [
         f"inputs/{next((root / 'results/inputs').glob('llm-*')).name}"
@@ -108,10 +113,14 @@ def test_sweep_is_logged_once_per_result_set_and_reported(workdir):
     assert new["kb_nano.candidate.rms_norm/torch_fused"] == tracking.file_sha256(cand)
     assert len(history.list_runs(uri, candidate="rms_norm/triton_rowwise")) == 2
 
-    # The Snakemake report embeds both plots with their captions.
+    # The Snakemake report embeds the plots and the merged table with their captions.
     _snakemake(root, "--report", "report.html")
     html = (root / "report.html").read_text()
-    for name in ("kernels_speedup.png", "kernels_bandwidth.png"):
+    for name in ("kernels_speedup.png", "kernels_bandwidth.png", "kernels_perf_time.png", "kernels_perf_gbs.png"):
         assert f"{name};base64,iVBORw0KGgo" in html  # the PNG itself, embedded
+    table = base64.b64encode((root / "results/kernels_table.html").read_bytes()).decode()
+    assert f"kernels_table.html;base64,{table}" in html
     assert "Speedup of each candidate over the PyTorch baseline" in html
     assert "Roofline-style view of the passed rows" in html
+    assert "Median time per call (ms, log scale) against the token count" in html
+    assert "The merged rows of" in html

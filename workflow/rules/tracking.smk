@@ -14,7 +14,10 @@ report: "../report/workflow.rst"
 rule plot_kernels:
     input:
         parquet="results/kernels.parquet",
-        code=str(kbw.PACKAGE_DIR / "tracking/plots.py"),
+        code=[
+            str(kbw.PACKAGE_DIR / f"tracking/{m}.py")
+            for m in ("plots", "perf_plots", "plot_style")
+        ],
     output:
         speedup=report(
             "results/plots/kernels_speedup.png",
@@ -28,6 +31,18 @@ rule plot_kernels:
             category="Kernels",
             labels={"figure": "achieved bandwidth / FLOP rate"},
         ),
+        perf_time=report(
+            "results/plots/kernels_perf_time.png",
+            caption="../report/kernels_perf_time.rst",
+            category="Kernels",
+            labels={"figure": "time per call vs num_tokens"},
+        ),
+        perf_gbs=report(
+            "results/plots/kernels_perf_gbs.png",
+            caption="../report/kernels_perf_gbs.rst",
+            category="Kernels",
+            labels={"figure": "GB/s vs num_tokens"},
+        ),
     log:
         "results/logs/plot_kernels.log",
     localrule: True
@@ -39,12 +54,36 @@ rule plot_kernels:
         "../scripts/plot_kernels.py"
 
 
+rule table_kernels:
+    input:
+        parquet="results/kernels.parquet",
+        code=[
+            str(kbw.PACKAGE_DIR / f"tracking/{m}.py")
+            for m in ("report_table", "plot_style")
+        ],
+    output:
+        report(
+            "results/kernels_table.html",
+            caption="../report/kernels_table.rst",
+            category="Kernels",
+            labels={"figure": "merged results table"},
+        ),
+    log:
+        "results/logs/table_kernels.log",
+    localrule: True
+    conda:
+        ENV
+    script:
+        "../scripts/table_kernels.py"
+
+
 rule log_mlflow_kernels:
     input:
         parquet="results/kernels.parquet",
         json=config["output_json"],
         manifest=MANIFEST,
         plots=rules.plot_kernels.output,
+        table=rules.table_kernels.output,
         code=sorted(str(p) for p in (kbw.PACKAGE_DIR / "tracking").glob("*.py")),
     output:
         marker_path("kernels"),

@@ -26,6 +26,7 @@ with open(snakemake.log[0], "w") as log:
                 manifest=Path(snakemake.input.manifest),
                 manifest_digest=snakemake.params.manifest_digest,
                 plots=[Path(p) for p in snakemake.input.plots],
+                tables=[Path(p) for p in snakemake.input.table],
             )
         else:
             record = log_e2e(**common, tier=tier)

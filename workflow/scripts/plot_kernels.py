@@ -1,12 +1,13 @@
-"""Snakemake adapter: plots of the merged kernel results (see kb_nano.tracking.plots)."""
+"""Snakemake adapter: plots of the merged kernel results (see kb_nano.tracking.plots and
+kb_nano.tracking.perf_plots)."""
 
 from pathlib import Path
 
 from kb_nano.tracking import read_parquet_rows
-from kb_nano.tracking.plots import bandwidth_plot, speedup_plot
+from kb_nano.tracking.plots import kernel_plots
 
 rows = read_parquet_rows(Path(snakemake.input.parquet))
-speedup_plot(rows, Path(snakemake.output.speedup))
-bandwidth_plot(rows, Path(snakemake.output.bandwidth))
+out = snakemake.output
+kernel_plots(rows, Path(out.speedup), Path(out.bandwidth), Path(out.perf_time), Path(out.perf_gbs))
 with open(snakemake.log[0], "w") as log:
-    print(f"{snakemake.params.tier}: plotted {len(rows)} rows -> {', '.join(snakemake.output)}", file=log)
+    print(f"{snakemake.params.tier}: plotted {len(rows)} rows -> {', '.join(out)}", file=log)

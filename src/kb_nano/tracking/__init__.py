@@ -4,8 +4,10 @@ Modules: :mod:`~kb_nano.tracking.store` (the store's URI, client, lock), :mod:`~
 (what keys a run), :mod:`~kb_nano.tracking.runs` (one run per digest), :mod:`~kb_nano.tracking.kernels`
 and :mod:`~kb_nano.tracking.e2e` (each tier's params, metrics and log call); the names
 other modules use are imported here. The readers :mod:`~kb_nano.tracking.history`
-(``kb_nano history``) and :mod:`~kb_nano.tracking.plots` (the kernel plots) are not
-imported here: import them by their own path.
+(``kb_nano history``), :mod:`~kb_nano.tracking.plots` and
+:mod:`~kb_nano.tracking.perf_plots` (the kernel plots) and
+:mod:`~kb_nano.tracking.report_table` (the HTML table) are not imported here: import
+them by their own path.
 
 One experiment per tier (``kb_nano/kernels``, ``kb_nano/e2e``, ``kb_nano/eval``), one run
 per merged result set. A run is keyed by a digest of its inputs (:func:`result_digest`:

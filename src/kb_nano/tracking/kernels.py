@@ -127,11 +127,13 @@ def log_kernels(
     config: dict | None = None,
     marker: Path | None = None,
     manifest_digest: str | None = None,
+    tables: list[Path] | None = None,
 ) -> dict:
     """Log the merged kernel results (``results/kernels.parquet`` + JSON) as one run of
     ``kb_nano/kernels`` via :func:`log_run`, keyed by :func:`result_digest` of the rows,
-    the manifest and the candidate hashes. Artifacts: ``results/`` (Parquet, JSON),
-    ``plots/``, ``inputs/`` (manifest). Writes the record as JSON to ``marker`` (atomic)
+    the manifest and the candidate hashes. Artifacts: ``results/`` (Parquet, JSON, and
+    ``tables``, e.g. the HTML table of :mod:`kb_nano.tracking.report_table`), ``plots/``,
+    ``inputs/`` (manifest). Writes the record as JSON to ``marker`` (atomic)
     when given and returns it.
 
     ``manifest_digest``: the manifest's ``inputs_digest`` this run was planned with; a
@@ -167,7 +169,7 @@ def log_kernels(
         metrics=kernel_metrics(rows),
         tags=tags,
         artifacts={
-            "results": [Path(parquet), Path(json_path)],
+            "results": [Path(parquet), Path(json_path), *(Path(t) for t in tables or ())],
             "plots": [Path(p) for p in plots],
             "inputs": [Path(manifest)],
         },
