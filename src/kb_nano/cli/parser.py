@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare",
         nargs=2,
         metavar=("RUN_A", "RUN_B"),
-        help="per-scenario speedup changes from run A to run B (ids or unique prefixes)",
+        help="per-scenario speedup changes from run A to run B (run names, ids or unique id prefixes)",
     )
     _tracking_flags(h)
     h.set_defaults(func=cmd_history)

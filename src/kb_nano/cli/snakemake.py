@@ -231,7 +231,11 @@ def stop_group(proc: subprocess.Popen, first: signal.Signals, grace_s: float, th
 
 
 def print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> None:
-    """Say which MLflow run the tier's log rule recorded (new, existing, or unchanged)."""
+    """Say which MLflow run the tier's log rule recorded (new, existing, or unchanged), by
+    the first 12 characters of its id: the run's name in the MLflow UI, the run column of
+    ``kb_nano history`` and what ``history --compare`` takes."""
+    from kb_nano.tracking.store import RUN_NAME_CHARS
+
     if not (root / marker).is_file():
         return
     rec = json.loads((root / marker).read_text())
@@ -239,7 +243,8 @@ def print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> N
         how = "nothing changed since run"
     else:
         how = "new run" if rec["created"] else "inputs unchanged, existing run"
-    print(f"MLflow: {how} {rec['run_id']} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
+    run = rec["run_id"][:RUN_NAME_CHARS]
+    print(f"MLflow: {how} {run} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
 
 
 def workflow_failed(root: Path, code: int, tier: str) -> int:

@@ -89,8 +89,11 @@ def _url_host(host: str) -> str:
 
 
 def _print_experiment_urls(url: str) -> None:
-    """Print the runs page of each kb-nano experiment (MLflow 3 opens on its GenAI view)."""
+    """Print the runs page of each kb-nano experiment, in the UI's machine-learning layout
+    (the runs table; MLflow 3 opens on its GenAI layout unless the URL asks otherwise)."""
     import urllib.request
+
+    from kb_nano.tracking import UI_WORKFLOW_QUERY
 
     try:
         with urllib.request.urlopen(f"{url}api/2.0/mlflow/experiments/search?max_results=100", timeout=10) as resp:
@@ -99,7 +102,9 @@ def _print_experiment_urls(url: str) -> None:
         return
     for exp in experiments:
         if exp["name"].startswith("kb_nano/"):
-            print(f"  {exp['name']} runs: {url}#/experiments/{exp['experiment_id']}/runs", flush=True)
+            print(
+                f"  {exp['name']} runs: {url}#/experiments/{exp['experiment_id']}/runs?{UI_WORKFLOW_QUERY}", flush=True
+            )
 
 
 def cmd_mlflow_ui(args, passthrough: list[str]) -> int:

@@ -135,7 +135,6 @@ def log_e2e(
         metrics=e2e_metrics(rows),
         tags=tags,
         artifacts={"results": [Path(parquet), Path(json_path)], **_vllm_artifacts(vllm_files, root)},
-        run_name=f"{tier}-{digest[:12]}",
         marker=marker,
     )
     return record

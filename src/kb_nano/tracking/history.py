@@ -83,6 +83,18 @@ def _experiments(mlflow_client, tier: str | None) -> dict[str, str]:
     return out
 
 
+def _run_filter(target: str | None, model: str | None) -> str:
+    """The search filter of :func:`list_runs`: FINISHED runs, narrowed in the store by
+    target and model (a ``LIKE`` on the comma-joined tags; :func:`_matches` then checks
+    exactly). A run holds every per-scenario metric, so the fewer runs the store returns
+    the faster ``kb_nano history`` answers."""
+    clauses = ["attributes.status = 'FINISHED'"]
+    for tag, value in (("kb_nano.targets", target), ("kb_nano.models", model)):
+        if value and not any(ch in value for ch in "'\\%"):
+            clauses.append(f"tags.`{tag}` LIKE '%{value}%'")
+    return " and ".join(clauses)
+
+
 def list_runs(
     tracking_uri: str,
     *,
@@ -117,8 +129,8 @@ def list_runs(
     while len(found) < limit:
         page = c.search_runs(
             list(exps),
-            "attributes.status = 'FINISHED'",
-            max_results=PAGE,
+            _run_filter(target, model),
+            max_results=PAGE if candidate else min(PAGE, limit),
             order_by=["attributes.start_time DESC"],
             page_token=token,
         )
@@ -133,8 +145,9 @@ def list_runs(
 
 
 def resolve_run(mlflow_client, ref: str, tracking_uri: str = "the tracking store"):
-    """The kb-nano run whose id is ``ref`` or starts with ``ref`` (at least 4 characters).
-    Raises ``KbNanoError`` when none or several match."""
+    """The kb-nano run whose id is ``ref`` or starts with ``ref`` (at least 4 characters),
+    or whose name (in the MLflow UI) is ``ref``. Raises ``KbNanoError`` when none or
+    several match."""
     from mlflow.exceptions import MlflowException
 
     ref = ref.strip()
@@ -143,15 +156,21 @@ def resolve_run(mlflow_client, ref: str, tracking_uri: str = "the tracking store
             return mlflow_client.get_run(ref)
         except MlflowException:
             pass
-    if len(ref) >= 4:
-        exps = _experiments(mlflow_client, None)
-        hits, token = [], None
-        while exps:
-            page = mlflow_client.search_runs(list(exps), "", max_results=1000, page_token=token)
-            hits += [r for r in page if r.info.run_id.startswith(ref)]
-            token = page.token
-            if not token:
-                break
+    if len(ref) >= 4 and "'" not in ref and "\\" not in ref:
+        exps = list(_experiments(mlflow_client, None))
+        wheres = [f"attributes.run_name = '{ref}'"]
+        if all(ch in "0123456789abcdef" for ch in ref.lower()):  # run ids are lowercase hex
+            wheres.append(f"attributes.run_id LIKE '{ref.lower()}%'")
+        found = {}
+        for where in wheres:  # in the store: every run holds all its per-scenario metrics
+            token = None
+            while exps:
+                page = mlflow_client.search_runs(exps, where, max_results=100, page_token=token)
+                found.update((r.info.run_id, r) for r in page)
+                token = page.token
+                if not token:
+                    break
+        hits = list(found.values())
         if len(hits) == 1:
             return hits[0]
         if len(hits) > 1:

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kb_nano.console import Column, fit_table
+from kb_nano.tracking.store import RUN_NAME_CHARS
 
 # ``drop``: left out first when the terminal is too narrow; drop 0 always stays
 RUN_COLUMNS = (
@@ -51,16 +52,16 @@ def _candidates_text(cands: list[str], width: int = 3) -> str:
 
 
 def history_table(runs: list[dict], title: str = "kb-nano history", width: int | None = None) -> Table:
-    """Rich table of :func:`kb_nano.tracking.history.list_runs` results: run (id prefix),
-    time, tier, candidates, scenarios run, pass rate, geometric-mean speedup over passed
-    rows, git sha. ``width`` (terminal columns; None = no limit): narrower than the full
+    """Rich table of :func:`kb_nano.tracking.history.list_runs` results: run (id prefix,
+    the run's name in the MLflow UI), time, tier, candidates, scenarios run, pass rate,
+    geometric-mean speedup over passed rows, git sha. ``width`` (terminal columns; None = no limit): narrower than the full
     table, git sha, then tier and rows run, then candidates are left out."""
     cells = []
     for r in runs:
         rate, sha = r["pass_rate"], r["git_sha"] or ""
         cells.append(
             [
-                r["run_id"][:12],
+                r["run_id"][:RUN_NAME_CHARS],
                 r["start_time"].strftime("%Y-%m-%d %H:%M:%S"),
                 r["tier"],
                 escape(_candidates_text(r["candidates"])),

@@ -12,7 +12,32 @@ from kb_nano.errors import KbNanoError
 from kb_nano.provenance import git_sha, package_version
 from kb_nano.tracking.digest import candidate_hashes, file_sha256, result_digest
 from kb_nano.tracking.runs import log_run
-from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, CONFIG_KEY
+from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, CONFIG_KEY, metric_name
+
+# Per passed row, logged as ``<field>/<scenario_id>/<candidate>`` (see scenario_metrics).
+SCENARIO_METRICS = ("speedup", "speedup_ci_low", "speedup_ci_high", "baseline_ms", "candidate_ms")
+# The columns of the run's table artifact (TABLE_ARTIFACT), in this order.
+TABLE_COLUMNS = (
+    "scenario_id",
+    "target",
+    "model",
+    "tp",
+    "num_tokens",
+    "candidate",
+    "status",
+    "baseline_ms",
+    "candidate_ms",
+    "speedup",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "significant",
+    "speedup_basis",
+    "max_abs_err",
+    "review",
+    "error",
+    "device_name",
+)
+TABLE_ARTIFACT = "tables/kernels.json"
 
 
 def kernel_metrics(rows: list[dict]) -> dict[str, float]:
@@ -57,6 +82,30 @@ def kernel_metrics(rows: list[dict]) -> dict[str, float]:
             m[f"geomean_speedup/{prefix}/{value}"] = b["geomean_speedup"]
             m[f"pass_rate/{prefix}/{value}"] = b["pass_rate"]
     return {k: float(v) for k, v in m.items() if v is not None and math.isfinite(float(v))}
+
+
+def scenario_metrics(rows: list[dict]) -> dict[str, float]:
+    """Per passed row, its :data:`SCENARIO_METRICS` (speedup, its 95% rerun interval, the
+    baseline and candidate medians in ms) named :func:`metric_name` ``(field, scenario_id,
+    candidate)``, e.g. ``speedup/rms_norm__llama31-8b__tp1__n64/rms_norm/torch_fused``: the
+    same row has the same name in every run, so MLflow charts it across runs. None and
+    non-finite values are left out."""
+    m: dict[str, float] = {}
+    for r in rows:
+        if r["status"] != "passed":
+            continue
+        for field in SCENARIO_METRICS:
+            v = r.get(field)
+            if v is not None and math.isfinite(float(v)):
+                m[metric_name(field, r["scenario_id"], r["candidate"])] = float(v)
+    return m
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """The rows as the run's table artifact shows them: :data:`TABLE_COLUMNS` only, sorted
+    by scenario and candidate."""
+    ordered = sorted(rows, key=lambda r: (r["scenario_id"], r["candidate"]))
+    return [{k: r.get(k) for k in TABLE_COLUMNS} for r in ordered]
 
 
 def _distinct(rows: list[dict], field: str, sep: str = ",") -> str:
@@ -131,10 +180,12 @@ def log_kernels(
 ) -> dict:
     """Log the merged kernel results (``results/kernels.parquet`` + JSON) as one run of
     ``kb_nano/kernels`` via :func:`log_run`, keyed by :func:`result_digest` of the rows,
-    the manifest and the candidate hashes. Artifacts: ``results/`` (Parquet, JSON, and
-    ``tables``, e.g. the HTML table of :mod:`kb_nano.tracking.report_table`), ``plots/``,
-    ``inputs/`` (manifest). Writes the record as JSON to ``marker`` (atomic)
-    when given and returns it.
+    the manifest and the candidate hashes. Metrics: :func:`kernel_metrics` (the summary)
+    and :func:`scenario_metrics` (per passed row). Artifacts: ``results/`` (Parquet, JSON,
+    and ``tables``, e.g. the HTML table of :mod:`kb_nano.tracking.report_table`),
+    ``plots/``, ``inputs/`` (manifest) and the table ``tables/kernels.json``
+    (:func:`table_rows`, shown as a table in the UI). Writes the record as JSON to
+    ``marker`` (atomic) when given and returns it.
 
     ``manifest_digest``: the manifest's ``inputs_digest`` this run was planned with; a
     manifest file with another one was rewritten by a concurrent invocation (the Snakefile
@@ -166,14 +217,14 @@ def log_kernels(
         tracking_uri=tracking_uri,
         digest=digest,
         params=params,
-        metrics=kernel_metrics(rows),
+        metrics={**kernel_metrics(rows), **scenario_metrics(rows)},
         tags=tags,
         artifacts={
             "results": [Path(parquet), Path(json_path), *(Path(t) for t in tables or ())],
             "plots": [Path(p) for p in plots],
             "inputs": [Path(manifest)],
         },
-        run_name=f"{tier}-{digest[:12]}",
+        tables={TABLE_ARTIFACT: table_rows(rows)},
         marker=marker,
     )
     return record

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import posixpath
+import tempfile
 import time
 from pathlib import Path
 
 from kb_nano.tracking.store import (
     DIGEST_TAG,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    LOGGED_ARTIFACTS_TAG,
     MAX_PARAM_CHARS,
     MAX_TAG_CHARS,
+    RUN_NAME_CHARS,
     _retry,
     artifact_root,
     client,
@@ -22,7 +28,10 @@ from kb_nano.tracking.store import (
 def ensure_experiment(mlflow_client, tier: str, uri: str) -> str:
     """Id of experiment ``kb_nano/{tier}``, creating it (artifacts under the SQLite
     store's ``mlflow-artifacts/{tier}`` as an absolute ``file://`` URI) or restoring it if
-    deleted. Safe against a concurrent creator."""
+    deleted. Safe against a concurrent creator. The experiment carries
+    ``mlflow.experimentKind = custom_model_development`` (set on an existing one that
+    lacks it): a run-based experiment, which MLflow UIs that read the tag show as the runs
+    table rather than the GenAI (traces) layout."""
     from mlflow.exceptions import MlflowException
 
     name = experiment_name(tier)
@@ -30,11 +39,14 @@ def ensure_experiment(mlflow_client, tier: str, uri: str) -> str:
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             _retry(mlflow_client.restore_experiment, exp.experiment_id)
+        if EXPERIMENT_KIND_TAG not in exp.tags:
+            _retry(mlflow_client.set_experiment_tag, exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     root = artifact_root(uri)
     location = (root / tier).resolve().as_uri() if root else None
+    tags = {"kb_nano.tier": tier, EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
     try:
-        return _retry(mlflow_client.create_experiment, name, artifact_location=location, tags={"kb_nano.tier": tier})
+        return _retry(mlflow_client.create_experiment, name, artifact_location=location, tags=tags)
     except MlflowException:
         exp = mlflow_client.get_experiment_by_name(name)  # a concurrent writer created it
         if exp is None:
@@ -63,7 +75,7 @@ def log_run(
     metrics: dict[str, float],
     tags: dict[str, str],
     artifacts: dict[str, list[Path]],
-    run_name: str | None = None,
+    tables: dict[str, list[dict]] | None = None,
     lock_timeout_s: float = 600.0,
     marker: Path | None = None,
 ) -> dict:
@@ -74,11 +86,14 @@ def log_run(
     there as JSON (atomic; the log rule's output).
 
     If a FINISHED run tagged ``kb_nano.digest = digest`` exists in ``kb_nano/{tier}`` it
-    is returned (``created: False``) and nothing is written. Otherwise a run is created
-    with ``params`` (values truncated to 6000 chars), ``metrics`` (step 0), ``tags`` (plus
-    tier and digest) and ``artifacts`` (``{artifact dir: [local files]}``), then set
-    FINISHED (FAILED if logging raises). SQLite writers hold :func:`store_lock`; against a
-    server a concurrent duplicate is resolved by keeping the oldest run.
+    is returned (``created: False``) and nothing is written. Otherwise a run is created,
+    named by the first 12 characters of its id (what ``kb_nano history`` and the CLI
+    show), with ``params`` (values truncated to 6000 chars), ``metrics`` (step 0, 1000 per
+    ``log_batch`` call), ``tags`` (plus tier and digest), ``artifacts`` (``{artifact dir:
+    [local files]}``) and ``tables`` (``{artifact file (.json): rows}``, written as
+    ``MlflowClient.log_table`` does, so the UI shows them as tables), then set FINISHED (FAILED
+    if logging raises). SQLite writers hold :func:`store_lock`; against a server a
+    concurrent duplicate is resolved by keeping the oldest run.
 
     Returns ``{tier, experiment, experiment_id, run_id, run_name, digest, tracking_uri,
     artifact_uri, created}``. Raises ``KbNanoError`` for an unreachable server.
@@ -95,7 +110,7 @@ def log_run(
         metrics=metrics,
         tags=tags,
         artifacts=artifacts,
-        run_name=run_name,
+        tables=tables,
         lock_timeout_s=lock_timeout_s,
     )
     if marker is not None:
@@ -112,17 +127,20 @@ def _log_run(
     metrics: dict[str, float],
     tags: dict[str, str],
     artifacts: dict[str, list[Path]],
-    run_name: str | None = None,
+    tables: dict[str, list[dict]] | None = None,
     lock_timeout_s: float = 600.0,
 ) -> dict:
     """The MLflow part of :func:`log_run`.
 
     If a FINISHED run tagged ``kb_nano.digest = digest`` exists in ``kb_nano/{tier}`` it
-    is returned (``created: False``) and nothing is written. Otherwise a run is created
-    with ``params`` (values truncated to 6000 chars), ``metrics`` (step 0), ``tags`` (plus
-    tier and digest) and ``artifacts`` (``{artifact dir: [local files]}``), then set
-    FINISHED (FAILED if logging raises). SQLite writers hold :func:`store_lock`; against a
-    server a concurrent duplicate is resolved by keeping the oldest run.
+    is returned (``created: False``) and nothing is written. Otherwise a run is created,
+    named by the first 12 characters of its id (what ``kb_nano history`` and the CLI
+    show), with ``params`` (values truncated to 6000 chars), ``metrics`` (step 0, 1000 per
+    ``log_batch`` call), ``tags`` (plus tier and digest), ``artifacts`` (``{artifact dir:
+    [local files]}``) and ``tables`` (``{artifact file (.json): rows}``, written as
+    ``MlflowClient.log_table`` does, so the UI shows them as tables), then set FINISHED (FAILED
+    if logging raises). SQLite writers hold :func:`store_lock`; against a server a
+    concurrent duplicate is resolved by keeping the oldest run.
 
     Returns ``{tier, experiment, experiment_id, run_id, run_name, digest, tracking_uri,
     artifact_uri, created}``. Raises ``KbNanoError`` for an unreachable server.
@@ -137,11 +155,12 @@ def _log_run(
         if existing:
             return _record(existing[0], tier, exp_name, exp_id, digest, tracking_uri, created=False)
         all_tags = {**tags, "kb_nano.tier": tier, DIGEST_TAG: digest}
-        run = _retry(
-            c.create_run, exp_id, tags={k: str(v)[:MAX_TAG_CHARS] for k, v in all_tags.items()}, run_name=run_name
-        )
+        if tables:  # what MlflowClient.log_table records: the UI renders these files as tables
+            all_tags[LOGGED_ARTIFACTS_TAG] = json.dumps([{"path": f, "type": "table"} for f in tables])
+        run = _retry(c.create_run, exp_id, tags={k: str(v)[:MAX_TAG_CHARS] for k, v in all_tags.items()})
         run_id = run.info.run_id
         try:
+            _retry(c.update_run, run_id, name=run_id[:RUN_NAME_CHARS])
             now = int(time.time() * 1000)
             plist = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
             mlist = [Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())]
@@ -152,6 +171,7 @@ def _log_run(
             for art_dir, paths in artifacts.items():
                 for p in paths:
                     _retry(c.log_artifact, run_id, str(p), artifact_path=art_dir or None)
+            _log_tables(c, run_id, tables or {})
             _retry(c.set_terminated, run_id, "FINISHED")
         except BaseException:
             with contextlib.suppress(Exception):
@@ -162,6 +182,22 @@ def _log_run(
             _retry(c.delete_run, run_id)  # lost a race against an identical result set
             return _record(winners[0], tier, exp_name, exp_id, digest, tracking_uri, created=False)
         return _record(c.get_run(run_id), tier, exp_name, exp_id, digest, tracking_uri, created=True)
+
+
+def _log_tables(mlflow_client, run_id: str, tables: dict[str, list[dict]]) -> None:
+    """Each ``{artifact file: rows}`` as the JSON ``MlflowClient.log_table`` writes (pandas
+    ``split`` layout, read back by ``MlflowClient.load_table``); the run's
+    ``mlflow.loggedArtifacts`` tag, set at creation, lists them. Unlike ``log_table``
+    (which appends to an existing file) a retried upload leaves one copy."""
+    import pandas as pd
+
+    with tempfile.TemporaryDirectory(prefix="kb_nano_table_") as tmp:
+        for artifact_file, rows in tables.items():
+            local = Path(tmp) / posixpath.basename(artifact_file)
+            pd.DataFrame.from_records(rows).to_json(local, orient="split", index=False, date_format="iso")
+            _retry(
+                mlflow_client.log_artifact, run_id, str(local), artifact_path=posixpath.dirname(artifact_file) or None
+            )
 
 
 def _record(run, tier, exp_name, exp_id, digest, uri, created: bool) -> dict:

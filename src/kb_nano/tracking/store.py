@@ -5,7 +5,9 @@ at import: the Snakefile resolves the URI at parse time)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +29,15 @@ ROWS_ARTIFACT = {"kernels": "results/kernels.json", "e2e": "results/e2e.json", "
 MARKER = "results/mlflow/{tier}.json"  # output of the log rule of each tier
 MAX_PARAM_CHARS = 6000  # MLflow's param value limit
 MAX_TAG_CHARS = 8000  # MLflow's tag value limit
+MAX_METRIC_NAME_CHARS = 250  # MLflow's metric key limit
+RUN_NAME_CHARS = 12  # a run is named by this prefix of its id: what `kb_nano history` shows
+# MLflow 3 UIs that read this experiment tag show the runs table, not the GenAI (traces) layout
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # a run's table artifacts (MlflowClient.log_table)
+# MLflow 3.17's UI picks its layout from this query parameter (default: GenAI), not the tag
+UI_WORKFLOW_QUERY = "workflowType=machine_learning"
+_METRIC_ILLEGAL = re.compile(r"[^A-Za-z0-9_\-. ]")
 
 
 def experiment_name(tier: str) -> str:
@@ -34,6 +45,25 @@ def experiment_name(tier: str) -> str:
     if tier not in TIERS:
         raise KbNanoError(f"unknown tier {tier!r}; known: {', '.join(TIERS)}")
     return f"{EXPERIMENT_PREFIX}/{tier}"
+
+
+def metric_name(*parts: str) -> str:
+    """A stable, MLflow-legal metric name ``part/part/...``: ``/`` inside a part separates
+    path segments too (``speedup``, ``rms_norm__llama31-8b__tp1__n64``, ``rms_norm/torch_fused``
+    -> ``speedup/rms_norm__llama31-8b__tp1__n64/rms_norm/torch_fused``).
+
+    MLflow takes letters, digits, ``_ - . / space`` (and ``:`` except on Windows) and a
+    path that normalises to itself (no empty, ``.`` or ``..`` segment), at most 250
+    characters. Other characters (``:`` too) become ``_``, an empty/``.``/``..`` segment
+    becomes ``_``; a name that had to change or be shortened ends in ``-`` and 8 hex
+    digits of the SHA-256 of the raw name, so distinct names stay distinct."""
+    raw = "/".join(str(p) for p in parts)
+    segments = [_METRIC_ILLEGAL.sub("_", seg) for seg in raw.split("/")]
+    name = "/".join("_" if seg in ("", ".", "..") else seg for seg in segments)
+    if name != raw or len(name) > MAX_METRIC_NAME_CHARS:
+        tag = hashlib.sha256(raw.encode()).hexdigest()[:8]
+        name = name[: MAX_METRIC_NAME_CHARS - len(tag) - 1] + "-" + tag
+    return name
 
 
 def marker_path(tier: str) -> str:

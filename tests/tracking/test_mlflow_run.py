@@ -1,0 +1,176 @@
+"""What one kernel run holds in MLflow, read back from a real SQLite store: per-scenario
+metrics under stable, MLflow-legal names (charted across runs), the merged table as a
+table artifact, a run name equal to the id the CLI and ``kb_nano history`` show, an
+experiment the UI shows as a runs table; and the ``-dirty`` git sha."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+
+import pytest
+from tracking_helpers import mlflow_server, result_set, row
+
+from kb_nano import tracking
+from kb_nano.provenance import git_sha
+from kb_nano.tracking import history
+
+ROWS = [
+    row("rms_norm", "torch_fused", speedup=1.2, speedup_ci_low=1.1, speedup_ci_high=1.3),
+    row("rms_norm", "torch_fused", n=64, speedup=0.9),
+    row("rms_norm", "triton_rowwise", status="skipped"),
+    row("silu_and_mul", "inplace", n=64, status="incorrect"),
+]
+KEY = "rms_norm__llama31-8b__tp1__n1/rms_norm/torch_fused"
+
+
+def test_metric_names_are_legal_stable_and_distinct():
+    from mlflow.utils.validation import _validate_metric_name
+
+    assert tracking.metric_name("speedup", "rms_norm__llama31-8b__tp1__n1", "rms_norm/torch_fused") == f"speedup/{KEY}"
+    odd = [
+        ("speedup", "attn__org/Model:v2+x__tp1__n8", "attn/a+b"),
+        ("speedup", "attn__org/Model_v2_x__tp1__n8", "attn/a_b"),  # what the first sanitises to
+        ("speedup", "a//b/../c/.", "x/"),
+        ("speedup", "é" * 300, "c"),
+    ]
+    names = [tracking.metric_name(*parts) for parts in odd]
+    for name in names:
+        _validate_metric_name(name)  # MLflow's own check: raises on an illegal name
+        assert len(name) <= 250
+    assert len(set(names)) == len(names)
+    assert names == [tracking.metric_name(*parts) for parts in odd]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two logged runs of the same scenarios; the second one's first row is faster."""
+    tmp = tmp_path_factory.mktemp("mlflow_run")
+    uri = tracking.default_tracking_uri(tmp)
+    faster = [dict(ROWS[0], speedup=1.5, candidate_ms=0.02 / 1.5), *ROWS[1:]]
+    recs = [
+        tracking.log_kernels(**result_set(tmp / name, rows), tracking_uri=uri)
+        for name, rows in (("a", ROWS), ("b", faster))
+    ]
+    return uri, recs
+
+
+def test_per_scenario_metrics_chart_one_row_across_runs(two_runs):
+    uri, (a, b) = two_runs
+    c = tracking.client(uri)
+    m = c.get_run(a["run_id"]).data.metrics
+    assert m[f"speedup/{KEY}"] == pytest.approx(1.2)
+    assert m[f"speedup_ci_low/{KEY}"] == pytest.approx(1.1) and m[f"speedup_ci_high/{KEY}"] == pytest.approx(1.3)
+    assert m[f"baseline_ms/{KEY}"] == pytest.approx(0.02) and m[f"candidate_ms/{KEY}"] == pytest.approx(0.02 / 1.2)
+    assert m["speedup/rms_norm__llama31-8b__tp1__n64/rms_norm/torch_fused"] == pytest.approx(0.9)
+    assert not any("triton_rowwise" in k or "silu_and_mul__" in k for k in m if k.startswith("speedup/"))
+    assert m["geomean_speedup"] == pytest.approx((1.2 * 0.9) ** 0.5)  # the summary is still there
+    # one scenario across runs, as the UI's chart of that metric reads it
+    runs = c.search_runs([a["experiment_id"]], order_by=["attributes.start_time ASC"])
+    assert [r.data.metrics[f"speedup/{KEY}"] for r in runs] == pytest.approx([1.2, 1.5])
+
+
+def test_thousands_of_rows_are_logged_in_batches(tmp_path):
+    rows = [row("rms_norm", "torch_fused", n=n + 1, speedup=1 + n / 10000) for n in range(1100)]
+    rec = tracking.log_kernels(**result_set(tmp_path, rows), tracking_uri=tracking.default_tracking_uri(tmp_path))
+    m = tracking.client(rec["tracking_uri"]).get_run(rec["run_id"]).data.metrics
+    assert sum(k.startswith("speedup/") for k in m) == 1100
+    assert sum(k.startswith("candidate_ms/") for k in m) == 1100
+    assert m["speedup/rms_norm__llama31-8b__tp1__n1100/rms_norm/torch_fused"] == pytest.approx(1.1099)
+
+
+def test_the_merged_rows_are_a_table_artifact(two_runs, monkeypatch):
+    uri, (a, _) = two_runs
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # load_table searches the default store
+    c = tracking.client(uri)
+    tags = c.get_run(a["run_id"]).data.tags
+    assert json.loads(tags["mlflow.loggedArtifacts"]) == [{"path": "tables/kernels.json", "type": "table"}]
+    table = c.load_table(a["experiment_id"], "tables/kernels.json", run_ids=[a["run_id"]])
+    assert list(table.columns[: len(tracking.kernels.TABLE_COLUMNS)]) == list(tracking.kernels.TABLE_COLUMNS)
+    assert len(table) == len(ROWS)
+    first = table[table["scenario_id"] == "rms_norm__llama31-8b__tp1__n1"].iloc[0]
+    assert first["candidate"] == "rms_norm/torch_fused" and first["speedup"] == pytest.approx(1.2)
+
+
+def test_run_name_is_the_id_the_cli_and_history_show(two_runs, tmp_path, capsys):
+    from kb_nano.cli.snakemake import print_mlflow_record
+
+    uri, (a, b) = two_runs
+    for rec in (a, b):
+        assert rec["run_name"] == rec["run_id"][:12]
+        assert tracking.client(uri).get_run(rec["run_id"]).data.tags["mlflow.runName"] == rec["run_name"]
+    (tmp_path / "kernels.json").write_text(json.dumps(a))
+    print_mlflow_record(tmp_path, "kernels.json", None)
+    assert f"MLflow: new run {a['run_name']} in kb_nano/kernels" in capsys.readouterr().out
+    runs = history.list_runs(uri)
+    assert {r["run_name"] for r in runs} == {a["run_name"], b["run_name"]}
+    cmp = history.compare_runs(uri, a["run_name"], b["run_name"])
+    assert len(cmp["rows"]) == 4
+
+
+def test_an_older_runs_ui_name_works_in_compare(two_runs):
+    uri, (a, b) = two_runs
+    tracking.client(uri).update_run(a["run_id"], name="kernels-0123456789ab")  # named as runs once were
+    try:
+        assert history.resolve_run(tracking.client(uri), "kernels-0123456789ab").info.run_id == a["run_id"]
+    finally:
+        tracking.client(uri).update_run(a["run_id"], name=a["run_name"])
+
+
+def test_experiments_are_run_based_for_the_ui(two_runs, tmp_path):
+    uri, (a, _) = two_runs
+    c = tracking.client(uri)
+    assert c.get_experiment(a["experiment_id"]).tags["mlflow.experimentKind"] == "custom_model_development"
+    # an experiment created before the tag existed gets it on the next log
+    old_uri = tracking.default_tracking_uri(tmp_path)
+    old = tracking.client(old_uri)
+    exp_id = old.create_experiment(
+        "kb_nano/kernels", artifact_location=(tmp_path / "artifacts").as_uri(), tags={"kb_nano.tier": "kernels"}
+    )
+    tracking.log_kernels(**result_set(tmp_path, ROWS[:1]), tracking_uri=old_uri)
+    assert old.get_experiment(exp_id).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+@pytest.mark.slow
+def test_mlflow_ui_links_open_the_runs_table(tmp_path, capsys):
+    """The runs-page URLs `kb_nano mlflow-ui` prints ask for the UI's machine-learning
+    layout (MLflow 3.17 shows the GenAI layout unless the URL's workflowType says
+    otherwise), and the experiment id in them is the server's."""
+    from kb_nano.cli.tracking import _print_experiment_urls
+
+    with mlflow_server(tmp_path) as url:
+        rec = tracking.log_kernels(**result_set(tmp_path / "a", ROWS), tracking_uri=url)
+        _print_experiment_urls(url + "/")
+        with urllib.request.urlopen(url + "/", timeout=10) as resp:
+            assert resp.status == 200
+    out = capsys.readouterr().out
+    expected = f"kb_nano/kernels runs: {url}/#/experiments/{rec['experiment_id']}/runs?workflowType=machine_learning"
+    assert expected in out
+
+
+def _git(repo, *args):
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+def test_git_sha_is_marked_dirty_with_uncommitted_tracked_changes(tmp_path):
+    assert git_sha(tmp_path) is None  # not a checkout
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "config", "user.email", "t@example.com")
+    _git(tmp_path, "config", "user.name", "t")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "a.py")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert git_sha(tmp_path) == head
+    (tmp_path / "new.py").write_text("untracked\n")  # untracked files do not count, as in `git describe --dirty`
+    assert git_sha(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert git_sha(tmp_path) == f"{head}-dirty"
+    _git(tmp_path, "add", "a.py")  # staged but not committed: still dirty
+    assert git_sha(tmp_path) == f"{head}-dirty"
+    _git(tmp_path, "commit", "-q", "-m", "two")
+    assert (
+        git_sha(tmp_path)
+        == subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    )
