@@ -42,3 +42,48 @@ def user_cache_dir(*parts: str) -> Path:
     caches (:func:`kb_nano.kernels.pool.cache_dir`). Not created here."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base, "kb_nano", *parts)
+
+
+# The directories every run may write under, relative to the workflow root (the tiers'
+# shards, logs, manifests, plots, MLflow markers and Snakemake's own state).
+OUTPUT_DIRS = (
+    "results",
+    *(f"results/{d}" for d in ("kernels", "e2e", "eval", "golden", "inputs", "logs", "mlflow", "plots")),
+    *(f"results/logs/{d}" for d in ("kernels", "e2e", "eval", "capture_golden")),
+    ".snakemake",
+    *(f".snakemake/{d}" for d in ("locks", "metadata", "incomplete", "log", "auxiliary", "scripts")),
+)
+
+
+def blocking_file(path: Path) -> Path | None:
+    """The nearest of ``path`` and its parents that exists but is not a directory (a
+    regular file, a broken link): what stops anything being written under ``path``. None
+    when the nearest existing one is a directory."""
+    for p in (Path(path), *Path(path).parents):
+        if os.path.lexists(p):
+            return None if p.is_dir() else p
+    return None
+
+
+def not_a_directory(blocker: Path, root: Path | None = None) -> str:
+    """The one-line message for ``blocker`` (:func:`blocking_file`), shown relative to
+    ``root`` when under it: what it is, why it must be a directory and the fix."""
+    shown = Path(blocker)
+    if root is not None:
+        with contextlib.suppress(ValueError):
+            shown = Path(os.path.abspath(root / blocker)).relative_to(os.path.abspath(root))
+    what = "is a file" if Path(blocker).is_file() else "is not a directory"
+    writer = "Snakemake keeps its run state" if ".snakemake" in shown.parts else "kb-nano writes its results"
+    return f"{shown}: {what}, {writer} under this directory; move or delete it"
+
+
+def check_dirs(root: Path, dirs) -> None:
+    """Raise ``KbNanoError`` (:func:`not_a_directory`) for the first of ``dirs`` (relative
+    to ``root`` or absolute) that a file stops kb-nano from creating or writing under; the
+    file itself is left alone. Each distinct directory is looked at once."""
+    from kb_nano.errors import KbNanoError
+
+    for d in dict.fromkeys(str(d) for d in dirs):
+        blocker = blocking_file(Path(root) / d)
+        if blocker is not None:
+            raise KbNanoError(not_a_directory(blocker, Path(root)))

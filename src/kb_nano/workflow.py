@@ -170,6 +170,23 @@ def shard_path(scenario_id: str, cand: CandidateRef) -> str:
     return f"results/kernels/{cand.target}/{cand.name}/{scenario_id}.parquet"
 
 
+def job_dirs(shard_dirs) -> list[str]:
+    """The directories the jobs writing into ``shard_dirs`` (``results/<tier>/...``) create:
+    those and their log directories (``results/logs/<tier>/...``), each once."""
+    dirs = sorted(set(map(str, shard_dirs)))
+    return [*dirs, *(f"results/logs/{d.removeprefix('results/')}" for d in dirs)]
+
+
+def kernel_job_dirs(cands: list[CandidateRef], config: dict) -> list[str]:
+    """The directories the kernel jobs of ``config``'s targets and categories may write
+    (:func:`job_dirs`): ``results/kernels/<target>/<name>`` of each candidate, its log
+    directory. Known before the manifest, so the CLI checks them before Snakemake starts."""
+    wanted = [
+        c for c in cands if _wanted({"target": c.target, "category": operators.CATALOG[c.target].category}, config)
+    ]
+    return job_dirs(str(Path(shard_path("x", c)).parent) for c in wanted)
+
+
 def harness_files(target: str) -> list[str]:
     """Library files a kernel job of ``target`` depends on (absolute paths of the
     installed package): editing one reruns those jobs."""

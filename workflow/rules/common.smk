@@ -10,17 +10,24 @@ from snakemake.exceptions import WorkflowError
 from kb_nano.kernels import job as kernel_job
 from kb_nano import workflow as kbw
 from kb_nano.errors import KbNanoError
+from kb_nano.files import OUTPUT_DIRS, check_dirs
+from kb_nano.interrupts import watch as watch_interrupts
 
 ENV = "../../envs/kb_nano.yaml"
 
 try:
     kbw.check_config(config)
+    check_dirs(Path("."), OUTPUT_DIRS)  # before inputs.smk writes the manifest
     MANIFEST = kbw.manifest_path(
         config
     )  # one file per selection (targets, models, tp, ...)
     CANDIDATES = kbw.candidates(Path("."), config)
 except KbNanoError as exc:
     raise WorkflowError(f"kb-nano: {exc}") from None
+
+if workflow.is_main_process:
+    # a kernel job stopped by a Ctrl-C ends as interrupted, not as a failed job (kb_nano.interrupts)
+    watch_interrupts()
 
 SETTINGS = kbw.settings(config)
 CANDIDATES_BY_ID = {c.id: c for c in CANDIDATES}
@@ -31,9 +38,23 @@ def manifest_data():
     return MANIFEST_DATA, SCENARIOS
 
 
+def check_job_dirs(shard_dirs):
+    """A file where the jobs' output and log directories go (results/kernels/<target>/<name>
+    and results/logs/kernels/<target>/<name>, ...): one line naming it, before Snakemake
+    scans or creates them."""
+    try:
+        check_dirs(Path("."), kbw.job_dirs(shard_dirs))
+    except KbNanoError as exc:
+        raise WorkflowError(f"kb-nano: {exc}") from None
+
+
 @functools.cache
 def selected():
-    return kbw.select(manifest_data()[0], CANDIDATES, config)
+    jobs, skipped = kbw.select(manifest_data()[0], CANDIDATES, config)
+    check_job_dirs(
+        str(Path(kbw.shard_path(s["scenario_id"], c)).parent) for s, c in jobs
+    )
+    return jobs, skipped
 
 
 def kernel_shards(wildcards):
@@ -129,7 +150,9 @@ def tier_plan(tier):
 
 
 def tier_shards(tier):
-    return tier_jobs.shard_paths(tier, tier_plan(tier))
+    shards = tier_jobs.shard_paths(tier, tier_plan(tier))
+    check_job_dirs(list(dict.fromkeys(str(Path(p).parent) for p in shards)))
+    return shards
 
 
 @kb_errors

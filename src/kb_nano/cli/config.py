@@ -11,6 +11,7 @@ import yaml
 from kb_nano import gpus, operators
 from kb_nano import workflow as kbw
 from kb_nano.errors import KbNanoError
+from kb_nano.files import OUTPUT_DIRS, blocking_file, check_dirs, not_a_directory
 
 DEFAULT_CONFIG = Path("config/config.yaml")
 
@@ -137,7 +138,8 @@ _FLAG_FOR_KEY = {
 def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: bool = False) -> dict:
     """Check the effective config before Snakemake starts, so bad input gets one line:
     schema (``workflow/schemas/config.schema.yaml``), targets/categories, candidate files,
-    models, output paths of every tier, a GPU for ``cuda`` (not needed for a ``dry_run``).
+    models, output paths of every tier, files where kb-nano writes directories
+    (:func:`kb_nano.files.check_dirs`), a GPU for ``cuda`` (not needed for a ``dry_run``).
     Returns the effective config. Raises ``KbNanoError``."""
     import jsonschema
 
@@ -164,6 +166,7 @@ def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: boo
     kbw.model_config_files(root, config)
     if str(config["device"]).startswith("cuda") and not gpus.pool():
         raise KbNanoError(f"device {config['device']!r}: no NVIDIA GPU is visible here; use --device auto or cpu")
+    check_dirs(root, OUTPUT_DIRS)  # a file named like one of them: one line, before anything is written
     for tier, where in (("kernels", config), ("e2e", config.get("e2e") or {}), ("eval", config.get("eval") or {})):
         if where.get("output_json"):
             _check_output_json(root, where["output_json"], tier, config)
@@ -206,6 +209,9 @@ def _check_output_json(root: Path, output_json: str, tier: str = "kernels", conf
         )
     if path.is_dir():
         raise KbNanoError(f"--output-json {output_json}: is a directory; give a file path ending in .json")
+    blocker = blocking_file(path.parent)
+    if blocker is not None:
+        raise KbNanoError(f"--output-json {output_json}: {not_a_directory(blocker, root)}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -14,6 +14,7 @@ from kb_nano.cli.config import DEFAULT_CONFIG, base_config, config_overrides, pr
 from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
 from kb_nano.console import Column
 from kb_nano.errors import KbNanoError
+from kb_nano.files import check_dirs
 from kb_nano.paths import find_workflow_root
 
 # ``drop``: left out first on a narrow terminal (kb_nano.console.fit_table)
@@ -122,6 +123,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     base = base_config(root, args.configfile)
     config = config_overrides(args, root, base)
     effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    check_dirs(root, kbw.kernel_job_dirs(kbw.candidates(root, effective), effective))
     ignored = kbw.cpu_ignored(effective)
     if ignored:
         print(

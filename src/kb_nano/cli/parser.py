@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from pathlib import Path
 
 from kb_nano.cli.config import split_passthrough
 from kb_nano.cli.e2e import cmd_e2e, cmd_eval
 from kb_nano.cli.kernels import cmd_capture_golden, cmd_generate_inputs, cmd_kernels
+from kb_nano.cli.snakemake import interrupts
 from kb_nano.cli.tracking import cmd_history, cmd_mlflow_ui
 from kb_nano.errors import KbNanoError
+from kb_nano.files import blocking_file, not_a_directory
+from kb_nano.interrupts import SignalInterrupt
 
 
 def _tracking_flags(p: argparse.ArgumentParser) -> None:
@@ -321,16 +326,26 @@ INTERRUPT_KEEPS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kb_nano`` console script. Returns the exit status; user
-    errors print ``error: <one line>`` and return 2."""
+    errors (and a file where kb-nano writes a directory) print ``error: <one line>`` and
+    return 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     own, passthrough = split_passthrough(argv)
     args = build_parser().parse_args(own)
     try:
-        return args.func(args, passthrough)
+        # SIGTERM and SIGHUP too: a run stopped by a script or a closed terminal ends as a Ctrl-C does
+        with interrupts((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+            return args.func(args, passthrough)
     except KbNanoError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except (NotADirectoryError, FileExistsError) as exc:  # a file where this process writes a directory
+        blocker = blocking_file(Path(exc.filename)) if exc.filename else None
+        if blocker is None:
+            raise
+        print(f"error: {not_a_directory(blocker)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
         kept = INTERRUPT_KEEPS.get(args.command)
-        print("interrupted" + (f"; finished shards are kept under {kept}" if kept else ""), file=sys.stderr)
+        how = f" ({exc.signum.name})" if isinstance(exc, SignalInterrupt) else ""
+        print(f"interrupted{how}" + (f"; finished shards are kept under {kept}" if kept else ""), file=sys.stderr)
         return 130

@@ -15,6 +15,7 @@ import yaml
 
 from kb_nano import gpus
 from kb_nano.errors import KbNanoError
+from kb_nano.interrupts import SignalInterrupt, raise_interrupt
 
 # Snakemake's actions that run no job (snakemake.cli.args_to_api): the attribute of its
 # parsed arguments and the option names that set it. After one of them kb_nano prints only
@@ -107,7 +108,9 @@ def snakemake_action(passthrough: list[str]) -> str | None:
 
 def run_snakemake(root: Path, targets: list[str], config: dict, args, passthrough: list[str]) -> int:
     """Run the workflow for ``targets`` with ``config`` overrides; returns Snakemake's
-    exit status. Progress ("N of M steps done") streams to the terminal.
+    exit status. Progress ("N of M steps done") streams to the terminal. Raises
+    :class:`~kb_nano.interrupts.SignalInterrupt` when kb_nano or Snakemake was interrupted,
+    after Snakemake has stopped.
 
     Overrides travel as a temporary YAML config file given after the user's
     ``--configfile`` (Snakemake's ``--config`` does not parse list values).
@@ -172,23 +175,25 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         # and when it dies (PR_SET_PDEATHSIG), so its jobs stop, finished shards stay and
         # its lock is released however kb_nano was stopped.
         proc = subprocess.Popen(cmd, cwd=root, env=env, process_group=0, preexec_fn=on_parent_death(signal.SIGINT))
+        # (SIGINT to the group whatever kb_nano got: Snakemake and the judges stop cleanly on
+        # SIGINT only; the SignalInterrupt raised here names the signal kb_nano got.)
         with interrupts((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             try:
-                return proc.wait()
+                code = proc.wait()
             except KeyboardInterrupt:
                 stop_group(proc, signal.SIGINT, 60, signal.SIGTERM)
                 raise
+        if code == 130:  # Snakemake alone was interrupted (kb_nano.cli.snakemake_main)
+            raise SignalInterrupt(signal.SIGINT)
+        return code
 
 
 @contextlib.contextmanager
 def interrupts(sigs: tuple):
-    """While the block runs, each of ``sigs`` raises KeyboardInterrupt in the main thread
-    and is unblocked: also in a kb_nano started with SIGINT ignored (`kb_nano ... &` from a
-    script) or blocked by its parent. The handlers and the mask are restored afterwards."""
-
-    def raise_interrupt(signum, frame) -> None:
-        raise KeyboardInterrupt
-
+    """While the block runs, each of ``sigs`` raises :class:`~kb_nano.interrupts.SignalInterrupt`
+    (a KeyboardInterrupt naming the signal) in the main thread and is unblocked: also in a
+    kb_nano started with SIGINT ignored (`kb_nano ... &` from a script) or blocked by its
+    parent. The handlers and the mask are restored afterwards."""
     previous = {sig: signal.signal(sig, raise_interrupt) for sig in sigs}
     mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, set(sigs))
     try:

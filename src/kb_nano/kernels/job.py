@@ -248,7 +248,8 @@ def run(
     longest wait for a free GPU). ``gpus``: the job's declared ``resources.gpu`` (see
     :func:`gpus_to_lease`). Raises ``KbNanoError`` (no row: the job is retried next run)
     when the pool is too small or no device becomes free in time, and
-    when the judge or the baseline worker was interrupted (SIGINT: no row either)."""
+    when the judge or the baseline worker was interrupted (SIGINT: no row either; raises
+    KeyboardInterrupt instead when Snakemake was interrupted too, see :func:`_interrupted`)."""
     from kb_nano import gpus as leasing
 
     pool_ids = leasing.pool()
@@ -276,13 +277,7 @@ def run(
         if "status" in reply:
             return reply["status"]
         if "interrupted" in reply or reply.get("dead") == -signal.SIGINT:
-            # a job error, not KeyboardInterrupt: raised in Snakemake's job thread that would hang its scheduler
-            from kb_nano.errors import KbNanoError
-
-            raise KbNanoError(
-                f"{candidate_id} on {scenario['scenario_id']}: interrupted (SIGINT); no row, the next "
-                "run redoes this job"
-            )
+            _interrupted(f"{candidate_id} on {scenario['scenario_id']}", log_p)
         _forget(judge) if "status" not in reply and "error" not in reply else None
         if "error" in reply:
             log_p.parent.mkdir(parents=True, exist_ok=True)
@@ -309,6 +304,28 @@ def run(
         )
         write_rows([row], out, secret=signing.key(root_p))
         return "crashed"
+
+
+def _interrupted(job: str, log_p: Path) -> None:
+    """End a job whose judge or baseline worker died of SIGINT, without a row (the next
+    run redoes it), with one line in its log. When the Snakemake process got that SIGINT
+    too (a Ctrl-C, kb_nano stopping the run: :func:`kb_nano.interrupts.interrupted`), one
+    line on stderr and ``KeyboardInterrupt``, which Snakemake, already stopping, drops
+    without a failed job's report. Otherwise (only the workers got it) a job error that
+    names it, which ends the run; not KeyboardInterrupt, which would leave Snakemake's
+    scheduler waiting for the job forever."""
+    from kb_nano.errors import KbNanoError
+    from kb_nano.interrupts import interrupted
+
+    message = f"{job}: interrupted (SIGINT); no row, the next run redoes this job"
+    with contextlib.suppress(OSError):
+        log_p.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_p, "a") as f:
+            f.write(f"kb_nano: {message}\n")
+    if interrupted(wait_s=2.0):
+        print(f"kb-nano: {message}", file=sys.stderr)
+        raise KeyboardInterrupt
+    raise KbNanoError(message)
 
 
 def _how(code) -> str:
