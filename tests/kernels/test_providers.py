@@ -11,7 +11,7 @@ from rich.console import Console
 from kb_nano.kernels.providers import gbps, group_key, provider_tables, scenario_view
 
 
-def row(sid, n, cand, base, ms, status="passed", speed=None, lo=None, hi=None, sig=True, nbytes=None):
+def row(sid, n, cand, base, ms, status="passed", speed=None, lo=None, hi=None, sig=True, nbytes=None, flops=None):
     return {
         "scenario_id": sid,
         "num_tokens": n,
@@ -24,6 +24,7 @@ def row(sid, n, cand, base, ms, status="passed", speed=None, lo=None, hi=None, s
         "speedup_ci_high": hi,
         "significant": sig,
         "bytes_moved": nbytes,
+        "flops": flops,
     }
 
 
@@ -32,7 +33,7 @@ ROWS = [
     row("rms_norm__m__tp1__n64", 64, "rms_norm/b", 3.0, 1.0, lo=2.5, hi=3.5, nbytes=2e6),
     row("rms_norm__m__tp1__n1", 1, "rms_norm/a", 0.2, 0.1, lo=0.8, hi=3.0, sig=False),
     row("rms_norm__m__tp1__n1", 1, "rms_norm/b", 0.4, None, status="incorrect"),
-    row("attention__m__tp1__n8__ctx1024", 8, "attention/x", 2.0, 1.0),
+    row("attention__m__tp1__n8__ctx1024", 8, "attention/x", 2.0, 1.0, flops=3e9),
 ]
 
 
@@ -69,6 +70,7 @@ def test_cells_show_time_bandwidth_speedup_interval_and_status():
     assert "2.00x [1.90-2.10]" in text
     assert "2.00x [0.80-3.00] ~" in text  # not significant
     assert "incorrect" in text
+    assert "3 TFLOP/s" in text and "1.5 TFLOP/s" in text  # 3e9 FLOP in 1.0 ms (candidate) and 2.0 ms (baseline)
 
 
 def test_versus_gives_each_candidates_ratio_to_the_named_one_and_rejects_unknown_ids():

@@ -10,7 +10,7 @@ The view therefore shows, per scenario:
   passed rows measured (each row times the same baseline code on the same shapes; the
   per-row values stay in the merged files);
 - per candidate: its median time, the achieved bandwidth (``bytes_moved`` / time, GB/s)
-  where the operator declares its bytes, and its speedup with the 95% rerun interval
+  and FLOP rate (``flops`` / time, TFLOP/s) where the operator declares them, and its speedup with the 95% rerun interval
   from its own pairing (:func:`kb_nano.stats.speedup_interval`). That speedup comes from
   the pairing, so it need not equal the ratio of the two times shown;
 - with ``versus``: each other candidate's time relative to that candidate
@@ -55,7 +55,8 @@ def scenario_view(rows: list[dict]) -> OrderedDict:
     ids in first-seen order], "lines": {num_tokens: {"baseline_ms", "baseline_gbps",
     candidate id: row}}}}``, groups and lines in first-seen and ascending ``num_tokens``
     order. ``baseline_ms`` is the median of the passed rows' ``baseline_ms`` (None when
-    none passed); GB/s are ``bytes_moved / ms / 1e6`` (None without ``bytes_moved``)."""
+    none passed); ``baseline_gbps`` / ``baseline_tflops``: :func:`gbps` / :func:`tflops`
+    of it (None without ``bytes_moved`` / ``flops``)."""
     view: OrderedDict = OrderedDict()
     for r in rows:
         key = group_key(r)
@@ -69,8 +70,10 @@ def scenario_view(rows: list[dict]) -> OrderedDict:
             passed = [r for r in line.values() if r["status"] == "passed" and _finite(r.get("baseline_ms"))]
             base = statistics.median(r["baseline_ms"] for r in passed) if passed else None
             nbytes = next((r.get("bytes_moved") for r in passed if _finite(r.get("bytes_moved"))), None)
+            flops = next((r.get("flops") for r in passed if _finite(r.get("flops"))), None)
             line["baseline_ms"] = base
             line["baseline_gbps"] = gbps(nbytes, base)
+            line["baseline_tflops"] = tflops(flops, base)
     return view
 
 
@@ -82,10 +85,22 @@ def gbps(nbytes, ms) -> float | None:
     return float(nbytes) / (ms * 1e-3) / 1e9
 
 
-def _time_cell(ms, rate) -> str:
+def tflops(flops, ms) -> float | None:
+    """Achieved TFLOP/s (1e12 floating-point operations per second) of ``flops`` in
+    ``ms``; None when either is unknown or ``ms`` is not positive."""
+    if not _finite(flops) or not _finite(ms) or ms <= 0 or flops <= 0:
+        return None
+    return float(flops) / (ms * 1e-3) / 1e12
+
+
+def _time_cell(ms, rate, tf=None) -> str:
     if not _finite(ms):
         return "-"
-    return f"{ms:.4f} ms" + (f"\n{rate:.3g} GB/s" if rate is not None else "")
+    return (
+        f"{ms:.4f} ms"
+        + (f"\n{rate:.3g} GB/s" if rate is not None else "")
+        + (f"\n{tf:.3g} TFLOP/s" if tf is not None else "")
+    )
 
 
 def _candidate_cell(r: dict | None, versus_ms: float | None, is_versus: bool) -> str:
@@ -94,7 +109,8 @@ def _candidate_cell(r: dict | None, versus_ms: float | None, is_versus: bool) ->
     if r["status"] != "passed":
         color = "yellow" if r["status"] == "skipped" else "red"
         return f"[{color}]{escape(r['status'])}[/{color}]"
-    text = escape(_time_cell(r.get("candidate_ms"), gbps(r.get("bytes_moved"), r.get("candidate_ms"))))
+    ms = r.get("candidate_ms")
+    text = escape(_time_cell(ms, gbps(r.get("bytes_moved"), ms), tflops(r.get("flops"), ms)))
     speed, lo, hi = r.get("speedup"), r.get("speedup_ci_low"), r.get("speedup_ci_high")
     if _finite(speed):
         mark = "" if r.get("significant") is not False else " ~"
@@ -106,7 +122,7 @@ def _candidate_cell(r: dict | None, versus_ms: float | None, is_versus: bool) ->
 
 def provider_tables(rows: list[dict], versus: str | None = None) -> list[Table]:
     """One rich table per group of :func:`scenario_view`: ``num_tokens``, the baseline's
-    time (and GB/s), then per candidate its time (GB/s), speedup and 95% rerun interval
+    time (GB/s, TFLOP/s where known), then per candidate its time (GB/s, TFLOP/s), speedup and 95% rerun interval
     (``~`` when the interval contains 1.0), and with ``versus`` (a candidate id) the
     ratio to that candidate's time. Raises ``ValueError`` when ``versus`` is not a
     candidate of the rows."""
@@ -124,7 +140,7 @@ def provider_tables(rows: list[dict], versus: str | None = None) -> list[Table]:
         for n, line in g["lines"].items():
             vrow = line.get(versus) if versus else None
             versus_ms = vrow.get("candidate_ms") if vrow and vrow["status"] == "passed" else None
-            cells = [str(n), escape(_time_cell(line["baseline_ms"], line["baseline_gbps"]))]
+            cells = [str(n), escape(_time_cell(line["baseline_ms"], line["baseline_gbps"], line["baseline_tflops"]))]
             cells += [_candidate_cell(line.get(c), versus_ms, c == versus) for c in g["providers"]]
             t.add_row(*cells)
         tables.append(t)
