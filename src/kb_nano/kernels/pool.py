@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kb_nano.kernels.procs import kill_tree, tree_cpu_s
+from kb_nano.kernels.procs import kill_worker, tree_cpu_s
 
 
 def use_abstract_unix_sockets() -> None:
@@ -180,8 +180,8 @@ class WorkerHandle:
         return tree_cpu_s(self.pid)
 
     def close(self) -> None:
-        """Kill the worker and its process tree."""
-        kill_tree(self.pid)
+        """Kill the worker, its process tree and any process beside the workers."""
+        kill_worker(self.pid, LIVE_WORKERS)
         LIVE_WORKERS.discard(self.pid)
         self.proc.join(5)
         self.conn.close()
@@ -244,8 +244,8 @@ def worker_context():
     global _CONTEXT
     if _CONTEXT is None:
         ctx = multiprocessing.get_context("forkserver")
-        # (the judge replaced its __main__: workers import no Snakemake script, see judge_process.serve)
-        ctx.set_forkserver_preload(["kb_nano.kernels.quiet_start", "kb_nano.kernels.worker_process"])
+        preload = ["kb_nano.kernels.quiet_start", "kb_nano.kernels.worker_server", "kb_nano.kernels.worker_process"]
+        ctx.set_forkserver_preload(preload)  # (judge_process.serve replaced __main__: no Snakemake script)
         _CONTEXT = ctx
     return _CONTEXT
 
@@ -383,7 +383,7 @@ class Pool:
         """Kill every worker (all the trees first, then wait for each)."""
         handles = [h for h in [self.baseline, *self.candidates.values()] if h is not None]
         for h in handles:
-            kill_tree(h.pid)
+            kill_worker(h.pid, LIVE_WORKERS)
         for h in handles:
             self.discard(h)
         import shutil

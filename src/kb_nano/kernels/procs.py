@@ -41,12 +41,12 @@ def tree_pids(pid: int) -> list[int]:
 def strays(worker_pid: int, known: set[int]) -> list[int]:
     """Children of ``worker_pid``'s parent (the workers' fork server) that are not in
     ``known`` (the live workers): a candidate can start a process as its own sibling
-    (``clone(CLONE_PARENT)``), outside its tree and so outside :func:`tree_cpu_s`; the fork
-    server itself starts only workers. Empty when the parent cannot be read."""
-    try:
-        with open(f"/proc/{worker_pid}/stat") as f:
-            parent = int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
+    (``clone(CLONE_PARENT)``), or detach one after turning its worker's subreaper flag
+    off (the fork server, a subreaper, :func:`become_subreaper`, then adopts it), outside
+    its tree and so outside :func:`tree_cpu_s`; the fork server itself starts only
+    workers. Empty when the parent cannot be read."""
+    parent = parent_pid(worker_pid)
+    if parent is None:
         return []
     siblings = set()
     with contextlib.suppress(OSError):
@@ -78,13 +78,41 @@ def _process_cpu_s(pid: int) -> float:
                     open(f"/proc/{pid}/task/{tid}/schedstat") as f,
                 ):
                     own += int(f.read().split()[0]) / 1e9
-    children = 0.0
+    return own + reaped_cpu_s(pid)
+
+
+def reaped_cpu_s(pid: int) -> float:
+    """CPU seconds of the children process ``pid`` has reaped (waited for): ``cutime +
+    cstime`` of ``/proc/<pid>/stat`` (clock ticks). 0.0 when it cannot be read."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         with open(f"/proc/{pid}/stat") as f:
             text = f.read()
         fields = text[text.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
-        children = (int(fields[13]) + int(fields[14])) / _CLK_TCK  # cutime, cstime
-    return own + children
+        return (int(fields[13]) + int(fields[14])) / _CLK_TCK  # cutime, cstime
+    return 0.0
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` (``/proc/<pid>/stat``), None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def become_subreaper() -> None:
+    """Make this process the Linux "child subreaper" of everything below it
+    (``prctl(PR_SET_CHILD_SUBREAPER)``, not inherited by children): a descendant whose
+    parent exits (double fork, ``setsid``) is re-parented to the nearest subreaper above it
+    instead of init. Each worker is one, so the judge's kill of its tree finds what its
+    candidate detached; the workers' fork server is one too, so a candidate that turns its
+    own worker's flag off before detaching a process hands it to the fork server, where
+    :func:`strays` sees it. Does nothing where ``prctl`` is missing."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -93,6 +121,16 @@ def tree_cpu_s(pid: int) -> float:
     ``utime``/``stime`` of ``/proc/<pid>/stat`` count 10 ms clock ticks, too coarse to
     tell an idle process from a busy one over a few milliseconds)."""
     return sum(_process_cpu_s(p) for p in tree_pids(pid))
+
+
+def kill_worker(pid: int, known: set[int]) -> None:
+    """Kill worker ``pid``'s process tree (:func:`kill_tree`) and every process beside the
+    workers (:func:`strays` of ``known``, the live workers: what a candidate detached, which
+    the fork server adopted), so none outlives its worker."""
+    beside = strays(pid, known)
+    kill_tree(pid)
+    for other in beside:
+        kill_tree(other)
 
 
 def restore_scheduling(pid: int) -> list[int]:

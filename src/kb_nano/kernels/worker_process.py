@@ -8,7 +8,6 @@ watcher threads start, then the candidate is imported.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
@@ -19,6 +18,7 @@ import traceback
 import torch
 
 from kb_nano.kernels import heap, shm
+from kb_nano.kernels.procs import become_subreaper
 from kb_nano.kernels.worker import Side, spec_of
 
 PRECISIONS = ("highest", "high", "medium")
@@ -75,17 +75,6 @@ def _sort_sigint() -> None:
         os.kill(os.getpid(), signal.SIGINT)  # default action: die of SIGINT
 
     threading.Thread(target=watch, name="kb_nano-sigint", daemon=True).start()
-
-
-def _become_subreaper() -> None:
-    """Make this worker the Linux "child subreaper" of everything it starts
-    (``prctl(PR_SET_CHILD_SUBREAPER)``): a process a candidate detaches (double fork,
-    ``setsid``) is re-parented to the worker instead of init, so the judge's kill of the
-    worker's tree still finds it."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def limit_memory(gigabytes: float | None, device: torch.device) -> None:
@@ -159,7 +148,7 @@ def main(conn, spec: dict) -> None:
         sandbox = landlock.restrict([*spec["writable"], f"/proc/{os.getpid()}"], spec["hidden"])
         _sort_sigint()  # before any other thread starts: they inherit the blocked SIGINT
     _die_with_owner(int(spec["owner_pid"]))
-    _become_subreaper()
+    become_subreaper()
     device = torch.device(spec["device"])
     if device.type == "cuda" and device.index is None:
         device = spec["device"] = torch.device("cuda", 0)  # CUDA_VISIBLE_DEVICES names the leased GPU

@@ -1,0 +1,76 @@
+"""Hack (a breaker's, session 12): the worker is a child subreaper, so a process its
+candidate detaches stays in its tree. The candidate turns that flag off on its own process
+(``prctl(PR_SET_CHILD_SUBREAPER, 0)``), detaches helpers by a double fork, and turns the flag
+back on: the helpers were adopted by init, outside every tree the judge watched (not in the
+worker's, not beside the workers), and burned CPU whenever this candidate was idle, i.e.
+while the baseline was timed (the baseline read up to 2.2x slower than beside an honest
+control on the 2-core CPU; always `passed`). The workers' fork server is a subreaper now
+(``kb_nano.kernels.worker_server``): it adopts the helpers, and the judge refuses any
+process beside the workers."""
+
+import ctypes
+import mmap
+import os
+import struct
+import time
+
+import torch.nn.functional as F
+from _common import Base
+
+EXPECTED = "tampered"
+
+_SHM = mmap.mmap(-1, 16)  # MAP_SHARED anonymous: [busy, last_end_ns]
+_STARTED = False
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _burner(worker):
+    deadline = time.monotonic() + 120
+    x = 0
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except OSError:
+            break
+        busy, last = struct.unpack_from("qq", _SHM, 0)
+        if busy or time.monotonic_ns() - last < 3_000_000:
+            time.sleep(0.0005)
+            continue
+        t = time.monotonic_ns() + 2_000_000
+        while time.monotonic_ns() < t:
+            x += 1
+
+
+def _detach(n=2):
+    libc = ctypes.CDLL(None, use_errno=True)
+    worker = os.getpid()
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    try:
+        for _ in range(n):
+            middle = os.fork()
+            if middle == 0:
+                if os.fork() == 0:  # the helper: its parent exits at once
+                    os.setsid()
+                    try:
+                        _burner(worker)
+                    finally:
+                        os._exit(0)
+                os._exit(0)
+            os.waitpid(middle, 0)
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+class EscapeSubreaperRMSNorm(Base):
+    def forward(self, x, residual=None):
+        global _STARTED
+        if not _STARTED:
+            _STARTED = True
+            _detach()
+        struct.pack_into("q", _SHM, 0, 1)
+        if residual is not None:
+            x = (x.float() + residual.float()).to(x.dtype)
+            residual = x
+        out = F.rms_norm(x, (self.hidden_size,), self.weight, self.variance_epsilon)
+        struct.pack_into("qq", _SHM, 0, 0, time.monotonic_ns())
+        return out if residual is None else (out, residual)
