@@ -11,9 +11,16 @@ class KbNanoError(Exception):
 
 
 def did_you_mean(name: str, known) -> str:
-    """``" (did you mean 'x'?)"`` for the closest of ``known`` to a mistyped ``name``
-    (``difflib``'s ratio >= 0.6), else ``""``."""
-    import difflib
+    """``" (did you mean 'x'?)"`` for the closest of ``known`` to a mistyped ``name``, else
+    ``""``: ``difflib``'s similarity ratio >= 0.6 against each known name or against its
+    first ``len(name) + 1`` characters, whichever is higher (a typo of a prefix, ``lama31``,
+    then finds ``llama31-8b`` rather than a name of similar length); the first of equals."""
+    from difflib import SequenceMatcher
 
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    name = str(name)
+
+    def score(k: str) -> float:
+        return max(SequenceMatcher(None, name, k).ratio(), SequenceMatcher(None, name, k[: len(name) + 1]).ratio())
+
+    best = max((str(k) for k in known), key=score, default=None)
+    return f" (did you mean {best!r}?)" if best is not None and score(best) >= 0.6 else ""

@@ -386,7 +386,7 @@ def test_measure_constructor_mismatch(tmp_path, scenarios, settings):
     row = check_row(
         measure(scenarios["rms_norm__llama32-1b__tp1__n4"], "rms_norm/c", path, settings, tmp_path), "import_error"
     )
-    assert row["error"].startswith("constructor Cand(**['eps', 'hidden_size'])") and "TypeError" in row["error"]
+    assert row["error"].startswith("constructor Cand(eps=..., hidden_size=...)") and "TypeError" in row["error"]
 
 
 def test_measure_import_error_row(tmp_path, scenarios, settings):

@@ -68,6 +68,7 @@ def test_cells_show_time_bandwidth_speedup_interval_and_status():
     assert "rms_norm m tp1" in text and "attention m tp1 ctx1024" in text
     assert "0.5000 ms" in text and "4 GB/s" in text  # 2e6 bytes in 0.5 ms
     assert "2.00x [1.90-2.10]" in text
+    assert "vs 3.0000 ms paired" in text  # b's speedup is over its own baseline time, not the column's 2.0
     assert "2.00x [0.80-3.00] ~" in text  # not significant
     assert "incorrect" in text
     assert "3 TFLOP/s" in text and "1.5 TFLOP/s" in text  # 3e9 FLOP in 1.0 ms (candidate) and 2.0 ms (baseline)

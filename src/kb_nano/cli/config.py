@@ -10,7 +10,7 @@ import yaml
 
 from kb_nano import gpus, operators
 from kb_nano import workflow as kbw
-from kb_nano.errors import KbNanoError
+from kb_nano.errors import KbNanoError, did_you_mean
 from kb_nano.files import OUTPUT_DIRS, blocking_file, check_dirs, not_a_directory
 
 DEFAULT_CONFIG = Path("config/config.yaml")
@@ -151,6 +151,10 @@ def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: boo
         key = error.absolute_path[0] if error.absolute_path else None
         origin = _FLAG_FOR_KEY.get(key, key) if key in overrides else source
         hint = ""
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = (error.schema or {}).get("properties") or {}
+            unknown = [k for k in error.instance if k not in allowed]
+            hint = did_you_mean(unknown[0], allowed) if unknown else ""
         if error.validator == "type" and isinstance(error.instance, str):
             with contextlib.suppress(ValueError):
                 float(error.instance)

@@ -136,6 +136,10 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     output_json = effective["output_json"]
     from kb_nano.tracking import marker_path
 
+    versus = getattr(args, "versus", None)
+    if versus and not (root / "candidates" / f"{versus}.py").is_file():  # before the sweep, not after it
+        print(f"error: --versus {versus}: no candidate file candidates/{versus}.py", file=sys.stderr)
+        return 2
     marker = marker_path("kernels")
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
     start_manifest(root, effective)

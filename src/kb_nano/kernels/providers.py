@@ -11,8 +11,9 @@ The view therefore shows, per scenario:
   per-row values stay in the merged files);
 - per candidate: its median time, the achieved bandwidth (``bytes_moved`` / time, GB/s)
   and FLOP rate (``flops`` / time, TFLOP/s) where the operator declares them, and its speedup with the 95% rerun interval
-  from its own pairing (:func:`kb_nano.stats.speedup_interval`). That speedup comes from
-  the pairing, so it need not equal the ratio of the two times shown;
+  from its own pairing (:func:`kb_nano.stats.speedup_interval`), with the baseline time
+  of that pairing (``vs ... ms paired``): the speedup is over that time, which can differ
+  from the baseline column when the candidates' jobs ran at different times;
 - with ``versus``: each other candidate's time relative to that candidate
   (``versus_ms / candidate_ms``, above 1 = faster than it), a ratio of two separate
   measurements' medians, without an interval.
@@ -115,6 +116,8 @@ def _candidate_cell(r: dict | None, versus_ms: float | None, is_versus: bool) ->
     if _finite(speed):
         mark = "" if r.get("significant") is not False else " ~"
         text += f"\n{speed:.2f}x" + (f" [{lo:.2f}-{hi:.2f}]" if _finite(lo) and _finite(hi) else "") + mark
+        if _finite(r.get("baseline_ms")):
+            text += f"\nvs {r['baseline_ms']:.4f} ms paired"  # the baseline time its speedup is over
     if versus_ms is not None and not is_versus and _finite(r.get("candidate_ms")) and r["candidate_ms"] > 0:
         text += f"\nvs: {versus_ms / r['candidate_ms']:.2f}x"
     return text
@@ -154,7 +157,7 @@ def print_providers(rows: list[dict], versus: str | None = None, console: Consol
     for t in provider_tables(rows, versus):
         console.print(t)
     console.print(
-        "baseline: median of the baseline times paired with each candidate; speedup [95% rerun interval] from "
-        "each candidate's own pairing (~: the interval contains 1.0)"
+        "baseline: median of the baseline times paired with each candidate; speedup [95% rerun interval] over "
+        "the candidate's own paired baseline time, shown under it (~: the interval contains 1.0)"
         + (f"; vs: {versus}'s time / this candidate's time (no interval)" if versus else "")
     )

@@ -112,12 +112,14 @@ def print_kernels(rows: list[dict], summary: dict, console: Console | None = Non
     gm = summary["geomean_speedup"]
     sig = summary.get("significant")
     review = summary.get("review")
+    passed = num(gm, ".3f") != "-"
     console.print(
-        f"{summary['rows']} rows: {by_status}; pass rate {num(rate * 100 if rate is not None else None, '.0f')}%"
-        + (f"; geomean speedup over passed {num(gm, '.3f')}x" if num(gm, ".3f") != "-" else "; no row passed")
+        f"{summary['rows']} rows: {by_status}; "
+        + (f"pass rate {rate * 100:.0f}%" if rate is not None else "no row ran (all skipped)")
+        + (f"; geomean speedup over passed {num(gm, '.3f')}x" if passed else "; no row passed")
         + (
             f"; {sig} of the passed significantly different from the baseline (95% rerun interval excludes 1.0)"
-            if sig is not None
+            if sig is not None and passed
             else ""
         )
         + (f"; {review} flagged for REVIEW" if review else "")

@@ -121,7 +121,10 @@ class Side:
             deferred.replay(module)
         except Exception as exc:
             return {
-                "violation": ["import_error", f"constructor {self.cls.__name__}(**{sorted(init_args)}): {explain(exc)}"]
+                "violation": [
+                    "import_error",
+                    f"constructor {self.cls.__name__}({', '.join(f'{k}=...' for k in sorted(init_args))}): {explain(exc)}",
+                ]
             }
         try:
             # moved and cast first: its (unset) parameters take the loaded values in place,
