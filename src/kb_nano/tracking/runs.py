@@ -130,17 +130,8 @@ def _log_run(
     tables: dict[str, list[dict]] | None = None,
     lock_timeout_s: float = 600.0,
 ) -> dict:
-    """The MLflow part of :func:`log_run`.
-
-    If a FINISHED run tagged ``kb_nano.digest = digest`` exists in ``kb_nano/{tier}`` it
-    is returned (``created: False``) and nothing is written. Otherwise a run is created,
-    named by the first 12 characters of its id (what ``kb_nano history`` and the CLI
-    show), with ``params`` (values truncated to 6000 chars), ``metrics`` (step 0, 1000 per
-    ``log_batch`` call), ``tags`` (plus tier and digest), ``artifacts`` (``{artifact dir:
-    [local files]}``) and ``tables`` (``{artifact file (.json): rows}``, written as
-    ``MlflowClient.log_table`` does, so the UI shows them as tables), then set FINISHED (FAILED
-    if logging raises). SQLite writers hold :func:`store_lock`; against a server a
-    concurrent duplicate is resolved by keeping the oldest run.
+    """The MLflow part of :func:`log_run` (what it creates, and when it creates nothing:
+    see there).
 
     Returns ``{tier, experiment, experiment_id, run_id, run_name, digest, tracking_uri,
     artifact_uri, created}``. Raises ``KbNanoError`` for an unreachable server.

@@ -11,7 +11,7 @@ import struct
 import time
 
 import torch.nn.functional as F
-from _common import Base
+from _common import Base, burn_while_idle
 
 EXPECTED = "tampered"
 
@@ -20,24 +20,6 @@ _STARTED = False
 CLONE_PARENT = 0x00008000
 SIGCHLD = 17
 SYS_CLONE = 56 if os.uname().machine == "x86_64" else 220
-
-
-def _burner(worker):
-    deadline = time.monotonic() + 120
-    x = 0
-    while time.monotonic() < deadline:
-        try:
-            os.kill(worker, 0)
-        except OSError:
-            break
-        busy, last = struct.unpack_from("qq", _SHM, 0)
-        if busy or time.monotonic_ns() - last < 3_000_000:
-            time.sleep(0.0005)
-            continue
-        t = time.monotonic_ns() + 2_000_000
-        while time.monotonic_ns() < t:
-            x += 1
-    os._exit(0)
 
 
 def _start(n=2):
@@ -56,7 +38,7 @@ def _start(n=2):
         if pid == 0:
             try:
                 ctypes.pythonapi.PyOS_AfterFork_Child()
-                _burner(worker)
+                burn_while_idle(worker, _SHM)
             finally:
                 os._exit(0)
 
