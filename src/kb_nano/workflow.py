@@ -44,6 +44,7 @@ HARNESS_MODULES = (
             "verdict",
             "worker",
             "worker_process",
+            "worker_server",
         )
     ),
     "candidates.py",
