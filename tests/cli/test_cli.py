@@ -60,6 +60,45 @@ def test_map_shows_real_per_rank_shapes(work):
     assert "x[N, 28672]" in text  # silu_and_mul input at tp=1: 2 * 14336
     assert "x[N, 7168]" in text  # ... and at tp=4
     assert "query[N, 1024]" in text and "key[N, 256]" in text  # rotary at tp=4: 8 heads, 2 kv heads
+    assert "note: --model llama31 selects the configured llama31-8b (key prefix)" in out.stderr
+
+
+def test_a_model_prefix_says_which_models_it_chose(capsys):
+    """`--model qwen` keeps the configured models whose key starts with it, and says so;
+    a full key or a vendored Hub id is taken as given, without a note."""
+    from workflow_helpers import REPO
+
+    from kb_nano.cli.config import select_models
+
+    configured = ["llama31-8b", "qwen3-8b", "llama32-1b"]
+    assert select_models(["llama3"], configured, REPO) == ["llama31-8b", "llama32-1b"]
+    assert (
+        capsys.readouterr().err == "note: --model llama3 selects the configured llama31-8b, llama32-1b (key prefix)\n"
+    )
+    assert select_models(["qwen3-8b", "meta-llama/Llama-3.1-8B-Instruct"], configured, REPO)[0] == "qwen3-8b"
+    assert capsys.readouterr().err == ""
+
+
+def test_notes_that_rows_share_are_footnotes(monkeypatch, capsys):
+    """A note several rows have (a skip reason for every num_tokens, "not significant")
+    is printed once under the table and the rows show its mark; a note one row has stays
+    in its cell."""
+    from kb_nano.kernels.merge import summarize
+    from kb_nano.kernels.table import print_kernels
+
+    skip = "tp=8 does not divide num_attention_heads=28"
+    rows = [{**row("rms_norm", "torch_fused", n=n, status="skipped"), "error": skip} for n in (1, 64, 512)]
+    rows += [row("rms_norm", "fp32", n=1, speedup=1.01, speedup_ci_low=0.9, speedup_ci_high=1.1, significant=False)]
+    rows += [row("rms_norm", "fp32", n=64, speedup=1.0, speedup_ci_low=0.8, speedup_ci_high=1.2, significant=False)]
+    rows += [{**row("rms_norm", "fp32", n=512, status="runtime_error"), "error": "RuntimeError: only here"}]
+    monkeypatch.setenv("COLUMNS", "250")
+    print_kernels(rows, summarize(rows))
+    out = capsys.readouterr().out
+    assert out.count(skip) == 1 and "[1] " + skip in out, out
+    assert out.count("the 95% rerun interval contains 1.0") == 1, out
+    assert out.count("RuntimeError: only here") == 1 and "[3]" not in out, out
+    body = out.split("[1] " + skip)[0]
+    assert body.count("[1]") == 3 and body.count("[2]") == 2, out
 
 
 @pytest.mark.parametrize("columns", [100, 200])
@@ -184,6 +223,12 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
     again = kb_nano(work, *args)
     assert again.returncode == 0, again.stdout + again.stderr
     assert shard.is_file() and kept.stat().st_mtime_ns == before
+    # the table shows what this run measured; the reused row is counted, not shown
+    assert "rms_norm/torch_fused" in again.stdout and "rms_norm/triton_rowwise" not in again.stdout, again.stdout
+    assert "1 more row of this selection from earlier runs" in again.stdout
+    assert "2 rows:" in again.stdout  # (the summary is of the whole selection)
+    every = kb_nano(work, *args, "--all-rows")
+    assert "rms_norm/triton_rowwise" in every.stdout and "more row" not in every.stdout, every.stdout
     # providers side by side, from the same (up-to-date) results
     side = kb_nano(work, *args, "--by-scenario", "--versus", "rms_norm/torch_fused")
     assert side.returncode == 0, side.stdout + side.stderr

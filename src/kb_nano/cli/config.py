@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -53,8 +54,9 @@ def base_config(root: Path, configfile: str | None) -> dict:
 
 def select_models(requested: list[str], configured: list[str], root: Path) -> list[str]:
     """Model specs for a run: each requested value keeps the configured models whose key
-    starts with it (``llama31`` -> ``llama31-8b``); a value matching none is resolved on
-    its own (key, vendored Hub id or path). Raises ``KbNanoError`` for an unknown model."""
+    starts with it (``llama31`` -> ``llama31-8b``; a note on stderr names the models a
+    prefix chose); a value matching none is resolved on its own (key, vendored Hub id or
+    path). Raises ``KbNanoError`` for an unknown model."""
     from kb_nano.models.configs import resolve
 
     keys = {spec: resolve(spec, root).key for spec in configured}
@@ -69,6 +71,9 @@ def select_models(requested: list[str], configured: list[str], root: Path) -> li
         if not hits:
             resolve(want, root)
             hits = [want]
+        elif want not in hits and want not in [keys[h] for h in hits]:  # a prefix: say what it chose
+            chosen_keys = ", ".join(keys[h] for h in hits)
+            print(f"note: --model {want} selects the configured {chosen_keys} (key prefix)", file=sys.stderr)
         chosen += [h for h in hits if h not in chosen]
     return chosen
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import sys
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kb_nano import operators
@@ -140,6 +141,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     if versus and not (root / "candidates" / f"{versus}.py").is_file():  # before the sweep, not after it
         print(f"error: --versus {versus}: no candidate file candidates/{versus}.py", file=sys.stderr)
         return 2
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")  # rows created since: measured by this run
     marker = marker_path("kernels")
     marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
     start_manifest(root, effective)
@@ -160,9 +162,11 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     else:
-        from kb_nano.kernels.table import print_kernels
+        from kb_nano.kernels.table import measured_since, print_kernels
 
-        print_kernels(doc["rows"], doc["summary"])
+        new = measured_since(doc["rows"], started_at)
+        shown = new if new and not args.all_rows else None  # (nothing measured: the whole selection)
+        print_kernels(doc["rows"], doc["summary"], shown=shown)
     print(f"results: {root / 'results/kernels.parquet'}, {root / output_json}")
     failed = [r for r in doc["rows"] if r["status"] not in ("passed", "skipped")]
     print_mlflow_record(root, marker, marker_before)

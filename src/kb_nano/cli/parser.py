@@ -145,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-on-error", action="store_true", help="exit 1 when any row is neither passed nor skipped (for CI gates)"
     )
     k.add_argument(
+        "--all-rows",
+        action="store_true",
+        help="print every row of the selection (default: only the rows this run measured, when it reused others)",
+    )
+    k.add_argument(
         "--by-scenario",
         action="store_true",
         help="print providers side by side: one table per operator x model x TP, one line per num_tokens, "

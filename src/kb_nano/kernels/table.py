@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 from rich.console import Console
 from rich.markup import escape
@@ -22,9 +23,10 @@ def _ms(median, iqr) -> str:
     return f"{median:.4f} ±{iqr:.4f}" if iqr is not None and not math.isnan(iqr) else f"{median:.4f}"
 
 
-def _note(r: dict) -> str:
+def _note_parts(r: dict) -> list[str]:
+    """The notes of one row: its error alone, else the flags below, in this order."""
     if r.get("error"):
-        return r["error"]
+        return [r["error"]]
     noisy = [
         side
         for side in ("baseline", "candidate")
@@ -45,7 +47,26 @@ def _note(r: dict) -> str:
         notes.append("golden inputs")
     if noisy:
         notes.append(f"noisy: {' and '.join(noisy)} IQR > {NOISY_IQR_FRACTION:.0%} of median")
-    return "; ".join(notes)
+    return notes
+
+
+def footnoted_notes(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """Each row's note cell and the footnotes under the table: a note part that two or
+    more rows share (an error every ``num_tokens`` of a scenario gets, "not significant")
+    is written once as ``[n] text`` below the table and its rows show ``[n]``; a part only
+    one row has stays in its cell. Returns ``(cells, footnotes)``, one cell per row."""
+    parts = [_note_parts(r) for r in rows]
+    counts: dict[str, int] = {}
+    for row_parts in parts:
+        for part in dict.fromkeys(row_parts):
+            counts[part] = counts.get(part, 0) + 1
+    numbers: dict[str, int] = {}
+    for row_parts in parts:
+        for part in row_parts:
+            if counts[part] > 1 and part not in numbers:
+                numbers[part] = len(numbers) + 1
+    cells = ["; ".join(f"[{numbers[p]}]" if p in numbers else p for p in row_parts) for row_parts in parts]
+    return cells, [f"[{n}] {p}" for p, n in numbers.items()]
 
 
 def _ci(r: dict) -> str:
@@ -70,7 +91,9 @@ COLUMNS = (
 )
 
 
-def kernel_table(rows: list[dict], title: str = "kb-nano kernels", width: int | None = None) -> Table:
+def kernel_table(
+    rows: list[dict], title: str = "kb-nano kernels", width: int | None = None, notes: list[str] | None = None
+) -> Table:
     """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline and
     candidate median ms ± IQR (ms), speedup (baseline median / candidate median), its
     95% rerun interval (:func:`kb_nano.stats.speedup_interval`), and the error, or notes: a roofline "REVIEW" flag,
@@ -80,9 +103,12 @@ def kernel_table(rows: list[dict], title: str = "kb-nano kernels", width: int | 
 
     ``width`` (terminal columns; None = no limit): narrower than the full table, the
     note folds and max_abs_err, the medians and then the note are left out (the caption
-    says which); scenario, candidate, status, speedup and rerun 95% always stay."""
+    says which); scenario, candidate, status, speedup and rerun 95% always stay.
+    ``notes``: the note cell of each row (default: every note written out in full;
+    :func:`footnoted_notes` gives shared notes as footnote marks)."""
+    notes = notes if notes is not None else ["; ".join(_note_parts(r)) for r in rows]
     cells = []
-    for r in rows:
+    for r, note in zip(rows, notes):
         style = STATUS_STYLE.get(r["status"], "red")
         speed = r.get("speedup")
         cells.append(
@@ -96,17 +122,39 @@ def kernel_table(rows: list[dict], title: str = "kb-nano kernels", width: int | 
                 num(speed, ".2f")
                 + ("x" if speed is not None and not (isinstance(speed, float) and math.isnan(speed)) else ""),
                 _ci(r),
-                escape(_note(r)),
+                escape(note),
             ]
         )
     return fit_table(list(COLUMNS), cells, width, title)
 
 
-def print_kernels(rows: list[dict], summary: dict, console: Console | None = None) -> None:
-    """Print the kernel table, fitted to the console's width, and a one-line summary
-    (pass rate, geomean speedup)."""
+def measured_since(rows: list[dict], started_at: str) -> list[dict]:
+    """The rows measured at or after ``started_at`` (an ISO-8601 UTC time, seconds
+    precision, as rows' ``created_at``): what one invocation measured, the rest being
+    rows reused from earlier runs' shards."""
+    start = datetime.fromisoformat(started_at)
+    return [r for r in rows if r.get("created_at") and datetime.fromisoformat(r["created_at"]) >= start]
+
+
+def print_kernels(
+    rows: list[dict], summary: dict, console: Console | None = None, shown: list[dict] | None = None
+) -> None:
+    """Print the kernel table, fitted to the console's width, with notes that several
+    rows share as footnotes (:func:`footnoted_notes`), and a one-line summary (pass rate,
+    geomean speedup) of all ``rows``. ``shown``: the rows the table holds (default all);
+    fewer, a line says how many of the selection are not shown and where they are."""
     console = console or make_console()
-    console.print(kernel_table(rows, width=console.width))
+    shown = rows if shown is None else shown
+    cells, footnotes = footnoted_notes(shown)
+    console.print(kernel_table(shown, width=console.width, notes=cells))
+    for line in footnotes:
+        console.print(escape(line), soft_wrap=False, overflow="fold")
+    if len(shown) < len(rows):
+        more = len(rows) - len(shown)
+        console.print(
+            f"{more} more {'row' if more == 1 else 'rows'} of this selection from earlier runs (code and inputs "
+            "unchanged) not shown; --all-rows prints them"
+        )
     by_status = ", ".join(f"{n} {s}" for s, n in summary["by_status"].items())
     rate = summary["pass_rate"]
     gm = summary["geomean_speedup"]
