@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "config/models/kb-nano/tiny-llama"
-# The flags a kb-nano job passes for config/config.yaml's e2e defaults (kb_nano.e2e.commands.bench_command).
+# The flags a kb-nano job passes for the e2e defaults of workflow/schemas/config.schema.yaml (kb_nano.e2e.commands.bench_command).
 ENGINE = [
     "--model",
     MODEL,

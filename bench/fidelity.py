@@ -75,7 +75,7 @@ def rows_of(a) -> list[tuple[dict, str]]:
 
 
 def settings() -> dict:
-    """A kernel job's settings (config/config.yaml defaults)."""
+    """A kernel job's settings (the config schema's defaults, workflow/schemas/config.schema.yaml)."""
     return {
         "device": "cuda",
         "atol": None,

@@ -64,14 +64,14 @@ def check_config(config: dict) -> None:
     import math
 
     numbers = {
-        key: config.get(key) for key in ("atol", "rtol", "timeout_s", "memory_limit_gb", "ci_target", "max_timing_s")
+        key: config[key] for key in ("atol", "rtol", "timeout_s", "memory_limit_gb", "ci_target", "max_timing_s")
     }
-    numbers.update({f"roofline.{k}": v for k, v in (config.get("roofline") or {}).items()})
+    numbers.update({f"roofline.{k}": v for k, v in config["roofline"].items()})
     for key, value in numbers.items():
         if isinstance(value, (int, float)) and not math.isfinite(value):
             raise KbNanoError(f"config {key}: {value} is not a finite number")
     categories = {e.category for e in operators.CATALOG.values()}
-    for cat in config.get("categories") or []:
+    for cat in config["categories"]:
         if cat not in categories:
             raise KbNanoError(f"config categories: unknown category {cat!r}; known: {', '.join(sorted(categories))}")
 
@@ -80,7 +80,7 @@ def candidates(root: Path, config: dict) -> list[CandidateRef]:
     """Discovered candidates, narrowed by ``config['candidates']`` (ids or id prefixes).
     Raises ``KbNanoError`` when a requested id matches nothing."""
     found = discover(root)
-    wanted = config.get("candidates") or []
+    wanted = config["candidates"]
     if not wanted:
         return found
     chosen = []
@@ -118,7 +118,7 @@ def golden_param(root: Path, scenario: dict, config: dict) -> dict | None:
     or nothing captured for the model (``kb_nano capture-golden``)."""
     from kb_nano.models.golden import GOLDEN_TARGETS, sidecar_path
 
-    if not config.get("use_golden", True) or scenario["target"] not in GOLDEN_TARGETS:
+    if not config["use_golden"] or scenario["target"] not in GOLDEN_TARGETS:
         return None
     meta = _sidecar(sidecar_path(root, scenario["model"], scenario["target"]))
     if meta is None:
@@ -259,7 +259,13 @@ def missing_shard_candidates(jobs: list) -> list[tuple[str, str]]:
     return list(out.values())
 
 
-CUDA_ONLY = {"cuda_graph": True, "speedup_basis": "auto", "ci_target": 0.02, "max_timing_s": 1.0}  # and their defaults
+CUDA_ONLY = ("cuda_graph", "speedup_basis", "ci_target", "max_timing_s")  # settings a CPU run has no use for
+
+
+def _cuda_only_defaults(root: Path) -> dict:
+    from kb_nano.config import defaults
+
+    return {k: v for k, v in defaults(root).items() if k in CUDA_ONLY}
 
 
 def runs_on_cpu(config: dict) -> bool:
@@ -267,48 +273,46 @@ def runs_on_cpu(config: dict) -> bool:
     host with no GPU in its pool (:func:`kb_nano.gpus.pool`; torch-free)."""
     from kb_nano import gpus
 
-    device = str(config.get("device", "auto"))
+    device = str(config["device"])
     return device == "cpu" or (device == "auto" and not gpus.pool())
 
 
-def cpu_ignored(config: dict) -> list[str]:
-    """The CUDA-only settings of ``config`` set away from their defaults on a CPU run
-    (:data:`CUDA_ONLY`), as ``key=value`` (empty on CUDA)."""
-    changed = [f"{k}={config[k]}" for k, v in CUDA_ONLY.items() if config.get(k) is not None and config[k] != v]
+def cpu_ignored(root: Path, config: dict) -> list[str]:
+    """The CUDA-only settings of ``config`` set away from their schema defaults on a CPU
+    run (:data:`CUDA_ONLY`), as ``key=value`` (empty on CUDA)."""
+    changed = [f"{k}={config[k]}" for k, v in _cuda_only_defaults(root).items() if config[k] != v]
     return changed if changed and runs_on_cpu(config) else []  # the GPU pool (nvidia-smi) only when it matters
 
 
-def settings(config: dict) -> dict:
+def settings(root: Path, config: dict) -> dict:
     """The measurement settings handed to every kernel job (a Snakemake param, so a
-    change reruns the jobs). On a CPU run the CUDA-only ones (:data:`CUDA_ONLY`) keep
-    their defaults: they change nothing there, so they rerun nothing."""
-    if cpu_ignored(config):
-        config = {**config, **CUDA_ONLY}
+    change reruns the jobs) from the effective ``config`` of the workflow at ``root``.
+    On a CPU run the CUDA-only ones (:data:`CUDA_ONLY`) keep their schema defaults: they
+    change nothing there, so they rerun nothing."""
+    if cpu_ignored(root, config):
+        config = {**config, **_cuda_only_defaults(root)}
     return {
         "device": config["device"],
         # None (null in the config) = each operator's own tolerance (kb_nano.kernels.compare.tolerance).
-        "atol": None if config.get("atol") is None else float(config["atol"]),
-        "rtol": None if config.get("rtol") is None else float(config["rtol"]),
+        "atol": None if config["atol"] is None else float(config["atol"]),
+        "rtol": None if config["rtol"] is None else float(config["rtol"]),
         "num_warmup": int(config["num_warmup"]),
         "num_runs": int(config["num_runs"]),
-        "num_trials": int(config.get("num_trials", 3)),
+        "num_trials": int(config["num_trials"]),
         "timeout_s": float(config["timeout_s"]),
-        "cuda_graph": bool(config.get("cuda_graph", True)),
-        "speedup_basis": str(config.get("speedup_basis") or "auto"),
-        "ci_target": float(config.get("ci_target") or 0.02),
-        "max_timing_s": float(config.get("max_timing_s") or 1.0),
-        "float32_matmul_precision": str(config.get("float32_matmul_precision", "highest")),
-        "memory_limit_gb": None if config.get("memory_limit_gb") is None else float(config["memory_limit_gb"]),
-        "roofline": {k: v for k, v in (config.get("roofline") or {}).items() if v is not None},
+        "cuda_graph": bool(config["cuda_graph"]),
+        "speedup_basis": str(config["speedup_basis"]),
+        "ci_target": float(config["ci_target"]),
+        "max_timing_s": float(config["max_timing_s"]),
+        "float32_matmul_precision": str(config["float32_matmul_precision"]),
+        "memory_limit_gb": None if config["memory_limit_gb"] is None else float(config["memory_limit_gb"]),
+        "roofline": {k: v for k, v in config["roofline"].items() if v is not None},
         # None = a fresh seed from the OS for every measurement; a number replays that row's seed
-        "seed": None if config.get("seed") is None else int(config["seed"]),
+        "seed": None if config["seed"] is None else int(config["seed"]),
     }
 
 
 def golden_settings(config: dict) -> dict:
-    """The ``golden`` config block with defaults: ``num_layers`` (decoder layers kept,
-    0 = all) and ``weights`` (model key -> directory of local weights)."""
-    from kb_nano.models.golden import DEFAULT_NUM_LAYERS
-
-    block = config.get("golden") or {}
-    return {"num_layers": int(block.get("num_layers", DEFAULT_NUM_LAYERS)), "weights": dict(block.get("weights") or {})}
+    """A copy of the ``golden`` config block: ``num_layers`` (decoder layers kept, 0 = all)
+    and ``weights`` (model key -> directory of local weights); defaults from the schema."""
+    return {"num_layers": int(config["golden"]["num_layers"]), "weights": dict(config["golden"]["weights"])}

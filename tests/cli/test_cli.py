@@ -418,14 +418,17 @@ def test_a_bad_flag_value_is_one_line():
 def test_cuda_only_settings_change_no_cpu_job():
     """On a CPU run the CUDA-only settings keep their defaults in the jobs' params (so
     setting them reruns nothing) and the CLI names them."""
-    from kb_nano import workflow as kbw
+    from workflow_helpers import REPO
 
-    base = {"device": "cpu", "num_warmup": 1, "num_runs": 2, "timeout_s": 5, "atol": None, "rtol": None}
+    from kb_nano import workflow as kbw
+    from kb_nano.config import load
+
+    base = {**load(REPO), "device": "cpu", "num_warmup": 1, "num_runs": 2, "timeout_s": 5}
     changed = {**base, "speedup_basis": "kernel", "cuda_graph": False, "ci_target": 0.05}
-    assert kbw.settings(changed) == kbw.settings(base)
-    assert kbw.cpu_ignored(changed) == ["cuda_graph=False", "speedup_basis=kernel", "ci_target=0.05"]
+    assert kbw.settings(REPO, changed) == kbw.settings(REPO, base)
+    assert kbw.cpu_ignored(REPO, changed) == ["cuda_graph=False", "speedup_basis=kernel", "ci_target=0.05"]
     on_gpu = {**changed, "device": "cuda"}
-    assert kbw.cpu_ignored(on_gpu) == [] and kbw.settings(on_gpu)["speedup_basis"] == "kernel"
+    assert kbw.cpu_ignored(REPO, on_gpu) == [] and kbw.settings(REPO, on_gpu)["speedup_basis"] == "kernel"
 
 
 @pytest.mark.parametrize(

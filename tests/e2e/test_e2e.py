@@ -18,6 +18,7 @@ import yaml
 from workflow_helpers import REPO, copy_workflow, kb_nano
 
 from kb_nano import stats
+from kb_nano.config import load
 from kb_nano.e2e import plan as e2e_plan
 from kb_nano.e2e import workloads
 from kb_nano.e2e.merge import merge_e2e
@@ -382,7 +383,7 @@ def test_engine_failure_becomes_a_row(tmp_path):
         yaml.safe_dump(
             {
                 "e2e": {
-                    **yaml.safe_load((work / "config/config.yaml").read_text())["e2e"],
+                    **load(work)["e2e"],
                     "models": ["config/models/kb-nano/broken"],
                     "baseline_only": True,
                 }

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from workflow_helpers import REPO
 
+from kb_nano.config import load
 from kb_nano.e2e import plan as e2e_plan
 from kb_nano.e2e import tier_jobs
 from kb_nano.errors import KbNanoError
@@ -18,7 +19,7 @@ TINY = "config/models/kb-nano/tiny-llama"
 
 def _config(**e2e) -> dict:
     """The embedded config with its e2e section on a CPU, one named candidate, and ``e2e``."""
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config = load(REPO)
     config["e2e"].update({"device": "cpu", "candidates": ["rms_norm/torch_fused"], **e2e})
     return config
 
@@ -43,11 +44,16 @@ def test_plan_of_a_small_config():
     assert only["variants"] == ["baseline"]
 
 
-def test_a_plan_without_its_section_names_the_section():
-    config = _config()
-    del config["e2e"]
-    with pytest.raises(KbNanoError, match=r"the config has no e2e: section; copy it from config/config.yaml"):
-        e2e_plan.plan(REPO, config)
+def test_a_config_file_without_the_section_plans_the_schema_defaults(tmp_path):
+    """config/config.yaml has no e2e: section: the schema's defaults are the embedded
+    Tier-2 run (the tiny Llama, its three smoke workloads), and a config file that sets
+    one key of the section keeps the others."""
+    assert "e2e" not in yaml.safe_load((REPO / "config/config.yaml").read_text())
+    (tmp_path / "one.yaml").write_text("e2e: {pairs: 5, device: cpu, baseline_only: true}\n")
+    plan = e2e_plan.plan(REPO, load(REPO, tmp_path / "one.yaml"))
+    assert list(plan["models"]) == ["tiny-llama"] and plan["pairs"] == 5 and plan["variants"] == ["baseline"]
+    assert list(plan["workloads"]) == ["latency-smoke", "throughput-smoke", "serve-smoke"]
+    assert plan["engine"]["max_model_len"] == 512 and plan["engine"]["timeout_s"] == 900
 
 
 def test_variant_ids_spell_the_candidate_set():

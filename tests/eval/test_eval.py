@@ -62,9 +62,9 @@ def test_tp_skip_reasons(tp, pool, device, heads, kv, needle):
 
 def _eval_config(**ev) -> dict:
     """The embedded config with its eval section on a CPU, one named candidate, and ``ev``."""
-    import yaml
+    from kb_nano.config import load
 
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config = load(REPO)
     config["eval"].update({"device": "cpu", "candidates": ["rms_norm/torch_fused"], **ev})
     return config
 
@@ -121,11 +121,28 @@ def test_skipped_rows_one_per_workload_and_variant_of_a_skipped_tp():
     assert eval_plan.skipped_rows(eval_plan.plan(REPO, _eval_config(smoke=True, tp=[1]))) == []
 
 
-def test_eval_plan_without_its_section_names_the_section():
-    config = _eval_config()
-    del config["eval"]
-    with pytest.raises(KbNanoError, match="the config has no eval: section"):
-        eval_plan.plan(REPO, config)
+def test_eval_section_defaults_come_from_the_schema(tmp_path):
+    """config/config.yaml has no eval: section; a config file that sets some of its keys
+    gets the schema's defaults for the rest (nested sections are filled key by key)."""
+    from kb_nano.config import load
+
+    (tmp_path / "ev.yaml").write_text("eval: {smoke: true, device: cpu, candidates: [rms_norm/torch_fused]}\n")
+    config = load(REPO, tmp_path / "ev.yaml")
+    assert config["eval"] == {
+        "models": [],
+        "tp": [1, 4],
+        "categories": [],
+        "candidates": ["rms_norm/torch_fused"],
+        "num_prompts": 1000,
+        "gpu_pool": 8,
+        "seed": 42,
+        "smoke": True,
+        "pairs": 3,
+        "device": "cpu",
+        "timeout_s": 3600,
+        "output_json": "results/eval.json",
+    }
+    assert eval_plan.plan(REPO, config)["engine"]["seed"] == 42
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ if workflow.is_main_process:
     # a kernel job stopped by a Ctrl-C ends as interrupted, not as a failed job (kb_nano.interrupts)
     watch_interrupts()
 
-SETTINGS = kbw.settings(config)
+SETTINGS = kbw.settings(Path("."), config)
 CANDIDATES_BY_ID = {c.id: c for c in CANDIDATES}
 
 
@@ -122,9 +122,9 @@ from kb_nano.e2e import plan as e2e_plan
 from kb_nano.e2e import tier_jobs
 from kb_nano.eval import plan as eval_plan
 
-# Tier 2/3 sections are optional for Tier-1 runs (a config/config.yaml without them still works).
-E2E_OUTPUT_JSON = config.get("e2e", {}).get("output_json", "results/e2e.json")
-EVAL_OUTPUT_JSON = config.get("eval", {}).get("output_json", "results/eval.json")
+# (the Snakefile's validate() filled both sections from the schema's defaults)
+E2E_OUTPUT_JSON = config["e2e"]["output_json"]
+EVAL_OUTPUT_JSON = config["eval"]["output_json"]
 ENV_E2E = "../../envs/kb_nano_e2e.yaml"
 TIER_PLANS = {"e2e": e2e_plan.plan, "eval": eval_plan.plan}
 

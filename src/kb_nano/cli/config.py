@@ -7,14 +7,12 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 from kb_nano import gpus, operators
 from kb_nano import workflow as kbw
+from kb_nano.cli import flags
+from kb_nano.config import first_error, load
 from kb_nano.errors import KbNanoError, did_you_mean
 from kb_nano.files import OUTPUT_DIRS, blocking_file, check_dirs, not_a_directory
-
-DEFAULT_CONFIG = Path("config/config.yaml")
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -24,32 +22,11 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _read_yaml(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise KbNanoError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KbNanoError(
-            f"{path}: cannot read the config file ({type(exc).__name__}: {exc.strerror if isinstance(exc, OSError) else 'not UTF-8'})"
-        ) from None
-    except yaml.YAMLError as exc:
-        raise KbNanoError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
-    if not isinstance(data, dict):
-        raise KbNanoError(f"{path}: must be a YAML mapping of config keys (see config/config.yaml)")
-    return data
-
-
 def base_config(root: Path, configfile: str | None) -> dict:
-    """``config/config.yaml`` updated with ``--configfile`` as Snakemake layers them:
-    nested sections (``e2e``, ``eval``, ``golden``) are merged key by key
-    (``snakemake.utils.update_config``), other keys replaced."""
-    from snakemake.utils import update_config
-
-    config = _read_yaml(root / DEFAULT_CONFIG)
-    if configfile:
-        update_config(config, _read_yaml(Path(configfile)))
-    return config
+    """The effective config before the flags: ``config/config.yaml`` updated with
+    ``--configfile`` as Snakemake layers them, every other key at its schema default
+    (:func:`kb_nano.config.load`). Raises ``KbNanoError`` for an unreadable config file."""
+    return load(root, configfile)
 
 
 def select_models(requested: list[str], configured: list[str], root: Path) -> list[str]:
@@ -79,34 +56,12 @@ def select_models(requested: list[str], configured: list[str], root: Path) -> li
 
 
 def config_overrides(args, root: Path, base: dict) -> dict:
-    cfg: dict = {}
-    if getattr(args, "model", None):
-        cfg["models"] = select_models(args.model, base.get("models") or [], root)
-    for flag, key in (("tp", "tp"), ("num_tokens", "num_tokens")):
-        if getattr(args, flag, None):
-            cfg[key] = args.__dict__[flag]
-    for flag, key in (("target", "targets"), ("category", "categories"), ("candidate", "candidates")):
-        if getattr(args, flag, None):
-            cfg[key] = getattr(args, flag)
-    for flag in (
-        "num_warmup",
-        "num_runs",
-        "num_trials",
-        "atol",
-        "rtol",
-        "device",
-        "output_json",
-        "timeout_s",
-        "dtype",
-        "cuda_graph",
-        "speedup_basis",
-        "float32_matmul_precision",
-        "memory_limit_gb",
-        "seed",
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            cfg[flag] = value
+    """The top-level config keys the flags of ``kernels`` / ``generate-inputs`` set
+    (:data:`kb_nano.cli.flags.KERNELS`; ``--model`` through :func:`select_models`).
+    Raises ``KbNanoError`` for an unknown target, category or model."""
+    cfg = flags.given(args, flags.KERNELS)
+    if "models" in cfg:
+        cfg["models"] = select_models(cfg["models"], base["models"], root)
     for name in cfg.get("targets", []):
         operators.check_target(name, where="--target")
     categories = sorted({e.category for e in operators.CATALOG.values()})
@@ -116,45 +71,18 @@ def config_overrides(args, root: Path, base: dict) -> dict:
     return cfg
 
 
-_FLAG_FOR_KEY = {
-    "models": "--model",
-    "tp": "--tp",
-    "num_tokens": "--num-tokens",
-    "targets": "--target",
-    "categories": "--category",
-    "candidates": "--candidate",
-    "num_warmup": "--num-warmup",
-    "num_runs": "--num-runs",
-    "atol": "--atol",
-    "rtol": "--rtol",
-    "device": "--device",
-    "timeout_s": "--timeout-s",
-    "output_json": "--output-json",
-    "dtype": "--dtype",
-    "num_trials": "--num-trials",
-    "cuda_graph": "--cuda-graph",
-    "float32_matmul_precision": "--float32-matmul-precision",
-    "memory_limit_gb": "--memory-limit-gb",
-    "seed": "--seed",
-    "speedup_basis": "--speedup-basis",
-}
-
-
 def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: bool = False) -> dict:
     """Check the effective config before Snakemake starts, so bad input gets one line:
     schema (``workflow/schemas/config.schema.yaml``), targets/categories, candidate files,
     models, output paths of every tier, files where kb-nano writes directories
     (:func:`kb_nano.files.check_dirs`), a GPU for ``cuda`` (not needed for a ``dry_run``).
     Returns the effective config. Raises ``KbNanoError``."""
-    import jsonschema
-
     config = {**base, **overrides}
-    schema = yaml.safe_load((root / "workflow/schemas/config.schema.yaml").read_text())
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    error = first_error(config, root)
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         key = error.absolute_path[0] if error.absolute_path else None
-        origin = _FLAG_FOR_KEY.get(key, key) if key in overrides else source
+        origin = flags.FLAG_FOR_KEY.get(key, key) if key in overrides else source
         hint = ""
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
             allowed = (error.schema or {}).get("properties") or {}
@@ -170,15 +98,14 @@ def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: boo
     except KbNanoError as exc:  # "config KEY: ..." -> the flag or the file that set KEY
         message = str(exc).removeprefix("config ")
         key = message.split(":", 1)[0].split(".")[0]
-        raise KbNanoError(f"{_FLAG_FOR_KEY.get(key, key) if key in overrides else source}: {message}") from None
+        raise KbNanoError(f"{flags.FLAG_FOR_KEY.get(key, key) if key in overrides else source}: {message}") from None
     kbw.candidates(root, config)
     kbw.model_config_files(root, config)
     if str(config["device"]).startswith("cuda") and not gpus.pool():
         raise KbNanoError(f"device {config['device']!r}: no NVIDIA GPU is visible here; use --device auto or cpu")
     check_dirs(root, OUTPUT_DIRS)  # a file named like one of them: one line, before anything is written
-    for tier, where in (("kernels", config), ("e2e", config.get("e2e") or {}), ("eval", config.get("eval") or {})):
-        if where.get("output_json"):
-            _check_output_json(root, where["output_json"], tier, config)
+    for tier, where in (("kernels", config), ("e2e", config["e2e"]), ("eval", config["eval"])):
+        _check_output_json(root, where["output_json"], tier, config)
     for section in ("e2e", "eval"):
         dev = (overrides.get(section) or {}).get("device")
         if dev == "cuda" and not gpus.pool() and not dry_run:  # planning needs no GPU

@@ -7,10 +7,18 @@ import sys
 from pathlib import Path
 
 from kb_nano import gpus
-from kb_nano.cli.config import DEFAULT_CONFIG, base_config, preflight
+from kb_nano.cli import flags
+from kb_nano.cli.config import base_config, preflight
 from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
+from kb_nano.config import DEFAULT_CONFIG
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
+
+
+def _user_paths(models: list[str], root: Path) -> list[str]:
+    """``--model`` values: a path on the command line is the user's (relative to their
+    directory), made absolute; keys, Hub ids and workflow-relative paths stay as given."""
+    return [str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m for m in models]
 
 
 def _e2e_overrides(args, root: Path, base: dict) -> dict:
@@ -20,42 +28,20 @@ def _e2e_overrides(args, root: Path, base: dict) -> dict:
     from kb_nano.e2e import plan as e2e_plan
     from kb_nano.e2e import workloads
 
-    e2e = dict(base.get("e2e") or {})
+    e2e = {**base["e2e"], **flags.given(args, flags.E2E)}
     if args.model:
-        e2e["models"] = [
-            str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m for m in args.model
-        ]
-    if args.tp:
-        e2e["tp"] = args.tp
-    for flag in (
-        "seed",
-        "dtype",
-        "max_model_len",
-        "enforce_eager",
-        "load_format",
-        "timeout_s",
-        "device",
-        "output_json",
-        "pairs",
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            e2e[flag] = value
-    if args.candidates:
-        e2e["candidates"] = args.candidates
+        e2e["models"] = _user_paths(args.model, root)
     e2e["baseline_only"] = bool(args.baseline)
-    configured = [workloads.from_dict(w, where="e2e.workloads") for w in e2e.get("workloads") or []]
+    configured = [workloads.from_dict(w, where="e2e.workloads") for w in e2e["workloads"]]
     default = next((w for w in configured if w.kind == args.kind), None)
-    flags = {k: getattr(args, k, None) for k in workloads.FIELDS if k not in ("name", "kind")}
-    if args.kind in ("throughput", "serve"):
-        flags["input_len"], flags["output_len"] = args.input_len, args.output_len
-    e2e["workloads"] = [workloads.Workload.params(workloads.from_flags(args.kind, default, **flags))]
+    fields = flags.given(args, flags.workload_flags(args.kind))
+    e2e["workloads"] = [workloads.Workload.params(workloads.from_flags(args.kind, default, **fields))]
     config = {**base, "e2e": e2e}
     device = e2e_plan.e2e_device(config)
     for spec in e2e["models"]:
-        e2e_plan.model(spec, root, e2e.get("load_format", "auto"))
+        e2e_plan.model(spec, root, e2e["load_format"])
     e2e_plan.variants(root, config, device)
-    if not e2e.get("candidates") and not e2e["baseline_only"]:
+    if not e2e["candidates"] and not e2e["baseline_only"]:
         chosen = e2e_plan.candidate_set(root, [], device, e2e["models"])
         print(e2e_plan.describe_choice(root, device, chosen, e2e["models"]) + ("" if chosen else "; the baseline only"))
     return e2e
@@ -108,20 +94,10 @@ def cmd_eval(args, passthrough: list[str]) -> int:
 
     root = find_workflow_root()
     base = base_config(root, args.configfile)
-    ev = dict(base.get("eval") or {})
+    ev = {**base["eval"], **flags.given(args, flags.EVAL)}
     if args.model:
-        ev["models"] = [
-            str(Path(m).resolve()) if Path(m).exists() and not (root / m).exists() else m for m in args.model
-        ]
-    for flag, key in (("tp", "tp"), ("category", "categories"), ("candidate", "candidates")):
-        if getattr(args, flag):
-            ev[key] = getattr(args, flag)
-    for flag in ("num_prompts", "gpu_pool", "seed", "output_json", "device", "timeout_s", "pairs"):
-        if getattr(args, flag) is not None:
-            ev[flag] = getattr(args, flag)
-    if args.smoke:
-        ev["smoke"] = True
-    if args.gpu_pool is None and not args.dry_run and (ev.get("device") or "auto") != "cpu":
+        ev["models"] = _user_paths(args.model, root)
+    if args.gpu_pool is None and not args.dry_run and ev["device"] != "cpu":
         visible = len(gpus.pool())
         if visible:  # the configured pool (default 8), capped by the GPUs this host has
             ev["gpu_pool"] = min(int(ev["gpu_pool"]), visible)
@@ -135,7 +111,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
         )
     for key, tp, why in plan["skipped"]:
         print(f"skip {key} tp={tp}: {why}", file=sys.stderr)
-    if not ev.get("candidates"):
+    if not ev["candidates"]:
         print(e2e_plan.describe_choice(root, plan["device"], plan["candidates"], plan["model_specs"]))
     # On GPUs the pool bounds concurrency (--resources gpu=N) and the ids jobs lease
     # (run_snakemake); a dry run only plans, so it needs no GPU of that count here.

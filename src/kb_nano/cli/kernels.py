@@ -11,8 +11,9 @@ from pathlib import Path
 
 from kb_nano import operators
 from kb_nano import workflow as kbw
-from kb_nano.cli.config import DEFAULT_CONFIG, base_config, config_overrides, preflight, select_models
+from kb_nano.cli.config import base_config, config_overrides, preflight, select_models
 from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
+from kb_nano.config import DEFAULT_CONFIG
 from kb_nano.console import Column
 from kb_nano.errors import KbNanoError
 from kb_nano.files import check_dirs
@@ -125,7 +126,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     config = config_overrides(args, root, base)
     effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
     check_dirs(root, kbw.kernel_job_dirs(kbw.candidates(root, effective), effective))
-    ignored = kbw.cpu_ignored(effective)
+    ignored = kbw.cpu_ignored(root, effective)
     if ignored:
         print(
             f"note: {', '.join(ignored)} change nothing on a CPU run (a CPU has the eager timer only; rows "
@@ -231,7 +232,7 @@ def cmd_capture_golden(args, passthrough: list[str]) -> int:
 
     root = find_workflow_root()
     base = base_config(root, args.configfile)
-    models = select_models(args.model, base.get("models") or [], root)
+    models = select_models(args.model, base["models"], root)
     keys = [resolve(m, root).key for m in models]
     golden = golden_settings(base)
     if args.num_layers is not None:

@@ -266,8 +266,8 @@ def variants(root: Path, config: dict, device: str) -> list[str]:
     ``e2e.baseline_only`` or the set is empty)."""
     e2e = config["e2e"]
     out = [BASELINE]
-    if not e2e.get("baseline_only"):
-        cands = candidate_set(root, e2e.get("candidates") or [], device, e2e["models"])
+    if not e2e["baseline_only"]:
+        cands = candidate_set(root, e2e["candidates"], device, e2e["models"])
         if cands:
             out.append(variant_name(cands))
     return out
@@ -283,7 +283,7 @@ def job_variants(variants: list[str]) -> list[str]:
 def e2e_device(config: dict) -> str:
     """``cpu`` or ``cuda`` for the e2e jobs: ``e2e.device`` (auto = cuda when an NVIDIA GPU
     is visible, else cpu)."""
-    device = config["e2e"].get("device", "auto")
+    device = config["e2e"]["device"]
     if device != "auto":
         return device
     import os
@@ -292,14 +292,6 @@ def e2e_device(config: dict) -> str:
 
     # GPUs of the host (CUDA_VISIBLE_DEVICES / nvidia-smi); a fake KB_NANO_GPU_IDS pool is not a GPU
     return "cuda" if pool({k: v for k, v in os.environ.items() if k != POOL_ENV}) else "cpu"
-
-
-def require_section(config: dict, tier: str) -> dict:
-    """The config's ``tier`` section (``e2e`` or ``eval``): optional for Tier-1 runs, so
-    checked only when the tier is planned. Raises ``KbNanoError`` when it is missing."""
-    if tier not in config:
-        raise KbNanoError(f"the config has no {tier}: section; copy it from config/config.yaml")
-    return config[tier]
 
 
 def engine_settings(
@@ -325,9 +317,10 @@ def plan(root: Path, config: dict) -> dict:
     ``e2e.tp``: Tier 2 runs every configured TP), ``skipped`` (always empty: Tier 2 skips
     no TP; Tier 3's plan has the same keys, :func:`kb_nano.eval.plan.plan`), ``pairs``
     (``e2e.pairs``) and ``engine`` (:func:`engine_settings` from the ``e2e`` section).
-    Raises ``KbNanoError`` for a missing ``e2e`` section, an unknown model or load format,
-    bad workloads or candidates."""
-    e2e = require_section(config, "e2e")
+    ``config`` is an effective config (:func:`kb_nano.config.load`: every key of the
+    section present). Raises ``KbNanoError`` for an unknown model or load format, bad
+    workloads or candidates."""
+    e2e = config["e2e"]
     device = e2e_device(config)
     models = {}
     for spec in e2e["models"]:

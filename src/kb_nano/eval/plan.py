@@ -134,7 +134,7 @@ def device(config: dict) -> str:
     """``cpu`` or ``cuda``: ``eval.device`` (auto = cuda when an NVIDIA GPU is visible)."""
     from kb_nano.e2e.plan import e2e_device
 
-    return e2e_device({"e2e": {"device": config["eval"].get("device", "auto")}})
+    return e2e_device({"e2e": {"device": config["eval"]["device"]}})
 
 
 def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
@@ -146,15 +146,15 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
     from kb_nano.e2e.plan import candidate_set
 
     ev = config["eval"]
-    cands = candidate_set(root, ev.get("candidates") or [], dev, model_specs)
-    cats = ev.get("categories") or []
+    cands = candidate_set(root, ev["candidates"], dev, model_specs)
+    cats = ev["categories"]
     known = {e.category for e in operators.CATALOG.values()}
     for cat in cats:
         if cat not in known:
             raise KbNanoError(f"eval.categories: unknown category {cat!r}; known: {', '.join(sorted(known))}")
     if cats:
         cands = [c for c in cands if operators.CATALOG[c.target].category in cats]
-    if not cands and not ev.get("candidates"):
+    if not cands and not ev["candidates"]:
         from kb_nano.e2e.plan import describe_choice, tier1_choice
 
         if not tier1_choice(root, dev, model_specs):  # else the categories or the models left none
@@ -173,12 +173,12 @@ def default_models(root: Path, config: dict, dev: str) -> list[str]:
     from kb_nano.e2e.plan import candidate_set, used_targets
 
     ev = config["eval"]
-    if ev.get("models"):
+    if ev["models"]:
         return list(ev["models"])
-    if ev.get("smoke"):
+    if ev["smoke"]:
         return [SMOKE_MODEL]
-    targets = {c.target for c in candidate_set(root, ev.get("candidates") or [], dev)}  # raises for unknown ids
-    if not targets and not ev.get("candidates"):
+    targets = {c.target for c in candidate_set(root, ev["candidates"], dev)}  # raises for unknown ids
+    if not targets and not ev["candidates"]:
         from kb_nano.e2e.plan import describe_choice
 
         raise KbNanoError(f"eval: {describe_choice(root, dev, [], None)}")
@@ -199,13 +199,13 @@ def plan(root: Path, config: dict) -> dict:
     graphs as vLLM serves by default, eager only with ``smoke`` (CPU runs), ``eval.seed``,
     ``eval.timeout_s``). The keys of Tier 2's plan are a subset
     (:func:`kb_nano.e2e.plan.plan`), so both tiers' jobs are built alike
-    (:mod:`kb_nano.e2e.tier_jobs`). Raises ``KbNanoError`` for a missing ``eval`` section or
-    bad settings."""
-    from kb_nano.e2e.plan import BASELINE, engine_settings, model, require_section, variant_name
+    (:mod:`kb_nano.e2e.tier_jobs`). ``config`` is an effective config
+    (:func:`kb_nano.config.load`). Raises ``KbNanoError`` for bad settings."""
+    from kb_nano.e2e.plan import BASELINE, engine_settings, model, variant_name
 
-    ev = require_section(config, "eval")
+    ev = config["eval"]
     dev = device(config)
-    works = workloads(int(ev["num_prompts"]), bool(ev.get("smoke")))
+    works = workloads(int(ev["num_prompts"]), bool(ev["smoke"]))
     specs = default_models(root, config, dev)
     models = {}
     for spec in specs:
@@ -234,11 +234,11 @@ def plan(root: Path, config: dict) -> dict:
         "tps": tps,
         "skipped": skipped,
         "max_model_len": longest,
-        "pairs": 1 if ev.get("smoke") else int(ev["pairs"]),
+        "pairs": 1 if ev["smoke"] else int(ev["pairs"]),
         "engine": engine_settings(
             dtype="auto",
             max_model_len=longest,
-            enforce_eager=bool(ev.get("smoke")),
+            enforce_eager=bool(ev["smoke"]),
             seed=ev["seed"],
             device=dev,
             timeout_s=ev["timeout_s"],

@@ -1,0 +1,182 @@
+"""The flags that set config keys: one table of (flag, config key) per command, from which
+the argparse options (type, choices, nargs, help = the key's schema description and
+default), the config override of an invocation and the flag named in an error about a
+key all come. The schema (``workflow/schemas/config.schema.yaml``) is the one place of
+each key's default and meaning; flags that are no config key stay in ``parser.py``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kb_nano.config import DEFAULT_CONFIG
+
+
+@dataclass(frozen=True)
+class Flag:
+    """``flag`` (with ``aliases``) sets config key ``key``: dotted for a section's key
+    (``e2e.pairs``) and for a field of a workload (``e2e.workloads.input_len``). ``type``
+    replaces the schema's (e.g. a positive-integer check argparse reports); ``store_true``
+    makes a boolean a plain switch (given = true, absent = the config's value)."""
+
+    flag: str
+    key: str
+    aliases: tuple[str, ...] = ()
+    type: Callable | None = None
+    store_true: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def positive_int(value: str) -> int:
+    """argparse type: a positive integer (``argparse.ArgumentTypeError`` otherwise)."""
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    raise argparse.ArgumentTypeError("must be a positive integer")
+
+
+def same(keys: str, section: str = "") -> tuple[Flag, ...]:
+    """Flags named as their keys (``num_warmup`` -> ``--num-warmup``), of ``section`` if given."""
+    return tuple(Flag("--" + k.replace("_", "-"), f"{section}.{k}" if section else k) for k in keys.split())
+
+
+SELECTION = (Flag("--model", "models"), *same("tp num_tokens dtype"))
+FILTERS = (Flag("--target", "targets"), Flag("--category", "categories"))
+KERNELS = (
+    *SELECTION,
+    *FILTERS,
+    Flag("--candidate", "candidates"),
+    *same("num_warmup num_runs atol rtol device timeout_s num_trials seed cuda_graph speedup_basis"),
+    *same("float32_matmul_precision memory_limit_gb output_json"),
+)
+GENERATE_INPUTS = (*SELECTION, *FILTERS)
+CAPTURE_GOLDEN = same("num_layers", "golden")
+TP = ("--tensor-parallel-size",)
+E2E = (
+    Flag("--model", "e2e.models"),
+    Flag("--tp", "e2e.tp", TP),
+    *same("seed dtype max_model_len enforce_eager load_format output_json candidates", "e2e"),
+    Flag("--pairs", "e2e.pairs", type=positive_int),
+    *same("timeout_s device", "e2e"),
+)
+RANDOM = "dataset_name random_input_len random_output_len random_range_ratio num_prompts"
+WORKLOAD_FIELDS = {  # the workload flags of each `kb_nano e2e` kind (fields of an e2e.workloads entry)
+    "throughput": f"input_len output_len {RANDOM}",
+    "latency": "input_len output_len batch_size num_iters_warmup num_iters",
+    "serve": f"input_len output_len {RANDOM} request_rate max_concurrency",
+}
+EVAL = (
+    Flag("--model", "eval.models"),
+    Flag("--tp", "eval.tp", TP),
+    Flag("--category", "eval.categories"),
+    Flag("--candidate", "eval.candidates", ("--candidates",)),
+    *same("num_prompts gpu_pool seed output_json", "eval"),
+    Flag("--smoke", "eval.smoke", store_true=True),
+    Flag("--device", "eval.device"),
+    Flag("--pairs", "eval.pairs", type=positive_int),
+    Flag("--timeout-s", "eval.timeout_s"),
+)
+
+# config key -> the flag that sets it, for errors about a top-level key an override set
+FLAG_FOR_KEY = {f.key: f.flag for f in (*KERNELS, *CAPTURE_GOLDEN) if "." not in f.key}
+
+
+def workload_flags(kind: str) -> tuple[Flag, ...]:
+    """The workload flags of ``kb_nano e2e {kind}`` (``--input-len``, ...)."""
+    return same(WORKLOAD_FIELDS[kind], "e2e.workloads")
+
+
+def entry(schema: dict, key: str) -> dict:
+    """The schema entry of dotted ``key`` (through an array's ``items`` for workload fields)."""
+    node = schema
+    for part in key.split("."):
+        if node.get("type") == "array":
+            node = node["items"]
+        node = node["properties"][part]
+    return node
+
+
+def _scalar(node: dict) -> dict:
+    """argparse ``type`` and ``choices`` of a scalar schema entry."""
+    types = node.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    out: dict = {}
+    if "integer" in types:
+        out["type"] = int
+    elif "number" in types:
+        out["type"] = float
+    if "enum" in node:
+        out["choices"] = [v for v in node["enum"] if v is not None]
+    return out
+
+
+def _shown(value) -> str:
+    """A default as the help shows it: lists as typed on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value in ([], "", {}):
+        return "empty"
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _default(node: dict, key: str, embedded: dict) -> str:
+    if "default" in node:
+        return f"default {_shown(node['default'])}"
+    value = embedded
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return ""
+        value = value[part]
+    return f"default {_shown(value)}, in {DEFAULT_CONFIG}"
+
+
+def add_flags(parser: argparse.ArgumentParser, flags, schema: dict, embedded: dict) -> None:
+    """Add ``flags`` to ``parser``: type, choices and nargs from each key's schema entry
+    (arrays take one or more values, booleans ``--x/--no-x``), help = its description and
+    default (the schema's, else the embedded ``config/config.yaml``'s). Every option
+    defaults to None: an absent flag leaves the config as it is."""
+    for f in flags:
+        node = entry(schema, f.key)
+        types = node.get("type", [])
+        kwargs: dict = {"default": None}
+        if types == "array":
+            kwargs.update(nargs="+", action="extend", **_scalar(node["items"]))
+        elif types == "boolean":
+            kwargs["action"] = "store_true" if f.store_true else argparse.BooleanOptionalAction
+        else:
+            kwargs.update(_scalar(node))
+        if f.type is not None:
+            kwargs["type"] = f.type
+        default = _default(node, f.key, embedded)
+        text = node.get("description", "") + (f" ({default})" if default else "")
+        parser.add_argument(f.flag, *f.aliases, help=text.replace("%", "%%"), **kwargs)
+
+
+def given(args: argparse.Namespace, flags) -> dict:
+    """Config key (the part after the section: ``pairs`` of ``e2e.pairs``) -> value of
+    each of ``flags`` given on the command line."""
+    out = {}
+    for f in flags:
+        value = getattr(args, f.dest, None)
+        if value is not None:
+            out[f.key.rsplit(".", 1)[-1]] = value
+    return out
+
+
+def help_sources(root: Path) -> tuple[dict, dict]:
+    """The schema and the embedded config (``config/config.yaml`` as written, no defaults
+    filled) that the options' help is built from; read with PyYAML alone, so building the
+    parser stays cheap. Raises ``KbNanoError`` when the schema is missing."""
+    from kb_nano.config import schema
+
+    path = root / DEFAULT_CONFIG
+    embedded = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
+    return schema(root), embedded
