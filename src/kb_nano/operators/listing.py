@@ -89,7 +89,7 @@ class ModelExamples:
         self.root = Path(root)
         self.configured = [resolve(spec, self.root) for spec in specs]
         keys = {ref.key for ref in self.configured}
-        self.others = [resolve(key, self.root) for key in load_index(self.root) if key not in keys]
+        self.other_keys = [key for key in load_index(self.root) if key not in keys]  # resolved when reached
         bad = [tp for tp in tps if not isinstance(tp, int) or tp < 1]
         if bad:
             raise KbNanoError(
@@ -114,7 +114,10 @@ class ModelExamples:
         for ref in self.configured:
             for tp in self.tps:
                 yield ref, tp, True
-        for ref in self.others:
+        from kb_nano.models.configs import resolve
+
+        for key in self.other_keys:
+            ref = resolve(key, self.root)
             for tp in dict.fromkeys([*self.tps, 1]):
                 yield ref, tp, False
 
