@@ -1,6 +1,6 @@
-"""Shared helpers of the tracking/history/report tests: synthetic merged result sets
-(real kernel-row schema, written the way the merge writes them), a real MLflow
-server subprocess on 127.0.0.1, and the column headers of printed rich tables."""
+"""Shared helpers of the tracking/history/report and table tests: synthetic merged result
+sets (real kernel-row schema, written the way the merge writes them; merged Tier-2 rows),
+a real MLflow server subprocess on 127.0.0.1, and the column headers of printed rich tables."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kb_nano.e2e.schema import PERCENTILES, make_e2e_row
 from kb_nano.kernels.merge import summarize
 from kb_nano.kernels.schema import make_row, to_table
 from kb_nano.rows import json_rows, write_table
@@ -92,6 +93,57 @@ def result_set(root: Path, rows: list[dict], manifest_text: str = "schema_versio
         "config": {"num_warmup": 1, "num_runs": 5, "models": ["llama31-8b"]},
         "marker": results / "mlflow" / "kernels.json",
     }
+
+
+LATENCY, THROUGHPUT, SERVE = (
+    "latency_in32_out8_bs2_warm1_it2",
+    "throughput_random_in32_out8_n4",
+    "serve_random_in32_out8_n4_c2",
+)
+WORKLOAD_SETTINGS = {"input_len": 32, "output_len": 8, "batch_size": 2, "num_prompts": 4, "max_concurrency": 2}
+E2E_CANDIDATES = "rms_norm/torch_fused,silu_and_mul/inplace"
+E2E_CALLS = {"rms_norm/torch_fused": {"constructed": 1, "calls": 68}, "silu_and_mul/inplace": {"constructed": 0}}
+
+
+def e2e_row(kind: str, workload: str, variant: str, status: str = "ok", **fields) -> dict:
+    """One merged e2e row (as :func:`kb_nano.e2e.merge.merge_e2e` writes it) of tiny-llama
+    at TP 1: ``variant`` "baseline", or any other value for ``E2E_CANDIDATES`` with the
+    plugin's call counts."""
+    baseline = variant == "baseline"
+    return make_e2e_row(
+        model="tiny-llama",
+        tp=1,
+        workload=workload,
+        kind=kind,
+        workload_params=json.dumps({"name": workload, "kind": kind, **WORKLOAD_SETTINGS}),
+        variant="baseline" if baseline else "rms_norm.torch_fused+silu_and_mul.inplace",
+        candidates="" if baseline else E2E_CANDIDATES,
+        candidate_calls=None if baseline else json.dumps(E2E_CALLS),
+        status=status,
+        weights="random (--load-format dummy)",
+        num_pairs=3,
+        speedup=1.0 if baseline else fields.pop("speedup", None),
+        **fields,
+    )
+
+
+def e2e_rows() -> list[dict]:
+    """A latency workload (with a candidate_error row), a throughput and a serve workload:
+    every metric column of the three kinds."""
+    latency = {"avg_latency_ms": 103.9, **{f"p{q}_latency_ms": 100.0 + q for q in PERCENTILES}}
+    serve = {f"{st}_{m}_ms": 12.5 for m in ("ttft", "tpot", "itl", "e2el") for st in ("mean", "p50", "p90", "p99")}
+    tokens = {"requests_per_s": 3.25, "total_tokens_per_s": 123.4, "output_tokens_per_s": 45.6}
+    interval = {"speedup_ci_low": 0.325, "speedup_ci_high": 2.584, "significant": False}
+    error = "rms_norm/torch_fused: RuntimeError: expected a tensor of dtype bfloat16 (log: results/logs/e2e/x.log)"
+    return [
+        e2e_row("latency", LATENCY, "baseline", **latency),
+        e2e_row("latency", LATENCY, "cand", speedup=0.916, **latency, **interval),
+        e2e_row("latency", LATENCY, "cand", status="candidate_error", error=error),
+        e2e_row("throughput", THROUGHPUT, "baseline", **tokens),
+        e2e_row("throughput", THROUGHPUT, "cand", speedup=1.118, **tokens, **interval),
+        e2e_row("serve", SERVE, "baseline", **tokens, **serve),
+        e2e_row("serve", SERVE, "cand", speedup=0.977, **tokens, **serve, **interval),
+    ]
 
 
 def table_headers(out: str) -> list[str]:

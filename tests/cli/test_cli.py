@@ -52,6 +52,63 @@ def test_list_shows_the_candidate_contract(work):
     )
 
 
+def _column(out: str, header: str) -> dict[str, str]:
+    """The cells of ``header``'s column of the one rich table in ``out``, by the first
+    column's value, each cell's wrapped lines joined with single spaces."""
+    lines = out.splitlines()
+    col = table_headers(out)[0].split(" | ").index(header)
+    cells: dict[str, list[str]] = {}
+    key = ""
+    first = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("┡"))
+    for line in lines[first + 1 :]:
+        if line.lstrip().startswith("└"):
+            break
+        parts = [p.strip() for p in line.strip().strip("│").split("│")]
+        key = parts[0] or key
+        cells.setdefault(key, []).append(parts[col])
+    return {k: " ".join(" ".join(v).split()) for k, v in cells.items()}
+
+
+def test_list_shows_the_baseline_state_dict_shapes(work, monkeypatch, capsys):
+    """`kernels --list` shows each baseline's state_dict keys with their per-rank shapes
+    for the first configured model and TP it applies to (built on the meta device),
+    naming that model; a registry model outside the configuration where none of them
+    uses the operator; `(none)` without parameters; `--model`/`--tp` choose the model.
+    On a narrow terminal this column is the first left out, and no line is wider."""
+    from kb_nano.cli.parser import main
+
+    monkeypatch.setenv("KB_NANO_ROOT", str(work))
+    header = "baseline state_dict: keys, per-rank shapes"
+
+    def listing(columns: int, *flags: str) -> str:
+        monkeypatch.setenv("COLUMNS", str(columns))
+        assert main(["kernels", "--list", *flags]) == 0
+        out = capsys.readouterr().out
+        assert max(len(line) for line in out.splitlines()) <= columns, out
+        return out
+
+    out = listing(250)
+    cells = _column(out, header)
+    assert cells["rms_norm"] == "of llama31-8b tp=1: weight [4096]"
+    assert cells["qk_norm"] == "of qwen3-8b tp=1: q_norm.weight [128] k_norm.weight [128]"
+    assert cells["embedding"] == "of llama31-8b tp=1: weight [128256, 4096]"
+    for name in ("silu_and_mul", "gelu_and_mul", "rotary_embedding", "sampler", "attention"):
+        assert cells[name] == "(none)", name
+    assert cells["fused_moe"].startswith("of mixtral-8x7b tp=1 (not configured): w13_weight [8, 28672, 4096]")
+    assert cells["decoder_layer"].startswith("of llama31-8b tp=4: self_attn.q_proj.weight [1024, 4096]")
+    assert cells["model"].startswith("of llama32-1b tp=1 (not configured): model.embed_tokens.weight [128256, 2048]")
+    assert "model.layers.{0,1}.mlp.up_proj.weight [8192, 2048]" in cells["model"]
+    assert "state_dict keys and shapes" in out
+
+    qwen = _column(listing(250, "--model", "qwen3", "--tp", "2", "--level", "1"), header)
+    assert qwen["embedding"] == "of qwen3-8b tp=2: weight [75968, 4096]" and "decoder_layer" not in qwen
+
+    narrow = listing(120)
+    (head,) = table_headers(narrow)
+    assert header not in head and "candidate contract" in head
+    assert f"left out at 120 columns: level, category, baseline module, {header}" in " ".join(narrow.split())
+
+
 def test_map_shows_real_per_rank_shapes(work):
     out = kb_nano(work, "kernels", "--map", "--model", "llama31", "--tp", "1", "4")
     assert out.returncode == 0, out.stderr

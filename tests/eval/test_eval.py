@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+from tracking_helpers import e2e_rows, table_headers
 from workflow_helpers import REPO, copy_workflow, kb_nano
 
 from kb_nano.e2e import tier_jobs
@@ -212,6 +213,38 @@ def test_bad_eval_flags_are_one_line(work, args, needle):
     assert out.returncode == 2, out.stdout + out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 120, 250])
+def test_eval_tables_fit_the_terminal(monkeypatch, capsys, columns):
+    """`kb_nano eval`'s output at $COLUMNS (merged rows built directly, no vLLM): no line
+    wider, the per-job tables fitted as Tier 2's; in the summary workload, ratio, spread
+    and failed always stay, the p75..p25 ratio and model×TPs are left out first, then
+    kind and the settings (which fold before), and the caption says which."""
+    from kb_nano.eval.merge import summarize_eval
+    from kb_nano.eval.table import print_eval
+
+    rows = e2e_rows()
+    skipped = {**rows[0], "tp": 4, "status": "skipped", "error": "tp=4 > the 1 device of this run"}
+    monkeypatch.setenv("COLUMNS", str(columns))
+    print_eval({"rows": [*rows, skipped], "summary": {"per_workload": summarize_eval(rows)}})
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= columns, out
+    flat = " ".join(out.split())
+    *jobs, summary = (head.split(" | ") for head in table_headers(out))
+    assert len(jobs) == 3 and all("speedup" in head and "95% interval" in head for head in jobs)
+    assert "skipped tiny-llama tp=4: tp=4 > the 1 device of this run" in flat
+    assert "0.916x" in flat and "0.916-0.916" in flat and "1.118x" in flat
+    key = ["workload", "ratio (geomean)", "spread min-max", "failed"]
+    if columns == 250:
+        assert summary == ["workload", "kind", "settings", "model×TPs", *key[1:3], "p75..p25 ratio", "failed"]
+        assert "input_len 32, output_len 8, batch_size 2, num_prompts 4, max_concurrency 2" in out
+    elif columns == 120:
+        assert summary == ["workload", "kind", "settings", *key[1:]]
+        assert "left out at 120 columns: model×TPs, p75..p25 ratio (a wider terminal shows them)" in flat
+    else:
+        assert summary == key
+        assert "left out at 80 columns: kind, settings, model×TPs, p75..p25 ratio (a wider" in flat
 
 
 @pytest.mark.slow

@@ -14,57 +14,32 @@ from kb_nano import workflow as kbw
 from kb_nano.cli.config import base_config, config_overrides, preflight, select_models
 from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
 from kb_nano.config import DEFAULT_CONFIG
-from kb_nano.console import Column
 from kb_nano.errors import KbNanoError
 from kb_nano.files import check_dirs
 from kb_nano.paths import find_workflow_root
 
-# ``drop``: left out first on a narrow terminal (kb_nano.console.fit_table)
-LIST_COLUMNS = (
-    Column("target"),
-    Column("level", drop=2),
-    Column("category", drop=2),
-    Column("baseline module", wrap=True, min_width=12, drop=3),
-    Column("candidate contract: constructor, forward", wrap=True, min_width=30, max_width=72),
-    Column("used in", wrap=True, min_width=16, max_width=40, drop=1),
-)
 
+def cmd_list(args, root: Path, base: dict) -> int:
+    """``kernels --list [--level N] [--model M] [--tp T]``: the operator registry with each
+    candidate contract and the baseline's state_dict shapes for the first configured (or
+    ``--model``/``--tp``) model and TP it applies to
+    (:func:`kb_nano.operators.listing.operator_table`), fitted to the console's width."""
+    from kb_nano.console import make_console
+    from kb_nano.operators.listing import ModelExamples, operator_table
 
-def cmd_list(args) -> int:
-    """``kernels --list [--level N]``: the operator registry, with each baseline's module
-    and its constructor and forward signatures (the candidate contract,
-    :func:`kb_nano.operators.base.contract`), fitted to the console's width."""
-    from rich.markup import escape
-
-    from kb_nano.console import fit_table, make_console
-    from kb_nano.operators.base import contract
-
-    cells = []
-    for name in operators.names():
-        op = operators.get(name)
-        if args.level and op.level != args.level:
-            continue
-        init, forward = contract(op.baseline)
-        cells.append(
-            [
-                name,
-                f"L{op.level}",
-                op.category,
-                op.baseline.__module__,
-                f"{escape(init)}\n{escape(forward)}",
-                op.used_in,
-            ]
-        )
+    specs = select_models(args.model, base["models"], root) if args.model else base["models"]
+    examples = ModelExamples(root, specs, args.tp or base["tp"])
     console = make_console()
     title = "kb-nano operators" + (f" (level {args.level})" if args.level else "")
-    console.print(fit_table(list(LIST_COLUMNS), cells, console.width, title))
-    if cells:
-        print(
+    table, count = operator_table(examples, args.level, console.width, title)
+    console.print(table)
+    if count:
+        console.print(
             "a candidate (candidates/<target>/<name>.py) is one nn.Module taking the constructor's arguments and "
-            "forward's inputs above, with the baseline's state_dict keys (docs/kernels.md#candidates)"
+            "forward's inputs above, with the baseline's state_dict keys and shapes (docs/kernels.md#candidates)"
         )
     else:
-        print(
+        console.print(
             f"no operators at level {args.level} yet (levels present: "
             f"{', '.join(sorted({f'L{e.level}' for e in operators.CATALOG.values()}))})"
         )
@@ -120,9 +95,9 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     root = find_workflow_root()
     if args.level and not args.list:
         raise KbNanoError("--level only filters --list; to run one level use --target or --category")
-    if args.list:
-        return cmd_list(args)
     base = base_config(root, args.configfile)
+    if args.list:
+        return cmd_list(args, root, base)
     config = config_overrides(args, root, base)
     effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
     check_dirs(root, kbw.kernel_job_dirs(kbw.candidates(root, effective), effective))

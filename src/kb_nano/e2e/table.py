@@ -6,7 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kb_nano.console import make_console, num
+from kb_nano.console import Column, fit_table, make_console, num
+from kb_nano.e2e.schema import PERCENTILES, SERVE_METRICS
 
 
 def _variant_cell(r: dict) -> str:
@@ -24,75 +25,96 @@ def _variant_cell(r: dict) -> str:
     return "\n".join(lines)
 
 
-def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)") -> Table:
+# (header, row field, format) of each metric column, per workload kind
+THROUGHPUT_METRICS = (
+    ("req/s", "requests_per_s", ".2f"),
+    ("total tok/s", "total_tokens_per_s", ".1f"),
+    ("output tok/s", "output_tokens_per_s", ".1f"),
+)
+LATENCY_METRICS = (
+    ("avg ms", "avg_latency_ms", ".1f"),
+    *((f"p{q} ms", f"p{q}_latency_ms", ".1f") for q in PERCENTILES),
+)
+SERVE_METRICS_SHOWN = tuple(
+    (f"{m.upper()} {st} ms", f"{st}_{m}_ms", ".1f") for m in SERVE_METRICS for st in ("mean", "p99")
+)
+# The speedup's basis of each kind (kb_nano.e2e.merge.ratio_terms): its headline metric
+HEADLINE = {"throughput": "total_tokens_per_s", "latency": "avg_latency_ms", "serve": "mean_e2el_ms"}
+
+
+def _drop(field: str, kinds: set[str]) -> int:
+    """How soon a metric column is left out on a narrow terminal (kb_nano.console.Column;
+    the largest first): the other percentiles (6), p50 and p99 (5), the other throughput
+    figures and serve means (4), then the pairs (3) and the error (2), and last the
+    headline metric of a kind in the table (1)."""
+    if field in {HEADLINE[k] for k in kinds if k in HEADLINE}:
+        return 1
+    if field.startswith(("p50_", "p99_")):
+        return 5
+    return 6 if field.startswith(tuple(f"p{q}_" for q in PERCENTILES)) else 4
+
+
+def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)", width: int | None = None) -> Table:
     """Table of e2e rows of one workload: model, tp, variant (the candidates, each with
     the number of forward calls the vLLM plugin counted inside the engine), status, the
     workload's metrics (throughput and serve: requests/s, total and output tokens/s;
     latency: average and p10..p99 ms; serve: TTFT/TPOT/ITL/E2EL mean and p99 ms; each the
     median over the row's runs), speedup over the baseline (the ratio of the medians,
     :func:`kb_nano.e2e.merge.combine_runs`), its 95% rerun interval (bold when
-    it excludes 1.0), the ok pairs and, if any row failed, the error."""
-    table = Table(title=title)
+    it excludes 1.0), the ok pairs and, if any row failed, the error.
+
+    ``width`` (terminal columns; None = no limit): narrower than the full table, columns
+    are left out (the caption says which), first the p10/p25/p75/p90 latencies, then p50
+    and p99, the other throughput figures and serve means, the pairs, the error (which
+    folds first) and last the headline metric (the speedup's basis: total tok/s, avg ms,
+    E2EL mean ms); model, tp, variant, status, speedup and its interval always stay
+    (folded onto more lines if need be)."""
     kinds = {r["kind"] for r in rows}
-    cols = ["model", "tp", "variant (forward calls)", "status"]
+    metrics = []
     if kinds & {"throughput", "serve"}:
-        cols += ["req/s", "total tok/s", "output tok/s"]
+        metrics += THROUGHPUT_METRICS
     if "latency" in kinds:
-        cols += ["avg ms", "p10 ms", "p25 ms", "p50 ms", "p75 ms", "p90 ms", "p99 ms"]
-    serve = [(m, st) for m in ("ttft", "tpot", "itl", "e2el") for st in ("mean", "p99")]
+        metrics += LATENCY_METRICS
     if "serve" in kinds:
-        cols += [f"{m.upper()} {st} ms" for m, st in serve]
-    cols += ["speedup", "95% interval", "pairs"]
+        metrics += SERVE_METRICS_SHOWN
     errors = any(r.get("error") for r in rows)
-    if errors:
-        cols += ["error"]
-    for col in cols:
-        left = col in ("model", "variant (forward calls)", "status", "error")
-        table.add_column(
-            col,
-            justify="left" if left else "right",
-            overflow="fold",
-            no_wrap=col in ("model", "variant (forward calls)"),
-        )
+    columns = [
+        Column("model", wrap=True, min_width=10),
+        Column("tp", "right"),
+        Column("variant (forward calls)", wrap=True, min_width=16),
+        Column("status"),
+        *(Column(header, "right", drop=_drop(field, kinds)) for header, field, _ in metrics),
+        Column("speedup", "right"),
+        Column("95% interval", "right"),
+        Column("pairs", "right", drop=3),
+        *([Column("error", wrap=True, min_width=16, drop=2)] if errors else []),
+    ]
+    cells = []
     for r in rows:
         style = "green" if r["status"] == "ok" else "red"
-        cells = [escape(r["model"]), str(r["tp"]), escape(_variant_cell(r)), f"[{style}]{r['status']}[/{style}]"]
-        if kinds & {"throughput", "serve"}:
-            cells += [
-                num(r.get("requests_per_s"), ".2f"),
-                num(r.get("total_tokens_per_s"), ".1f"),
-                num(r.get("output_tokens_per_s"), ".1f"),
-            ]
-        if "latency" in kinds:
-            cells += [
-                num(r.get(k), ".1f")
-                for k in (
-                    "avg_latency_ms",
-                    "p10_latency_ms",
-                    "p25_latency_ms",
-                    "p50_latency_ms",
-                    "p75_latency_ms",
-                    "p90_latency_ms",
-                    "p99_latency_ms",
-                )
-            ]
-        if "serve" in kinds:
-            cells += [num(r.get(f"{st}_{m}_ms"), ".1f") for m, st in serve]
         speed, lo, hi = r.get("speedup"), r.get("speedup_ci_low"), r.get("speedup_ci_high")
-        cells.append(num(speed, ".3f") + ("x" if speed is not None else ""))
         interval = f"{lo:.3f}-{hi:.3f}" if lo is not None and hi is not None else "-"
         if r.get("significant"):
             interval = f"[bold]{interval}[/bold]"
-        cells += [interval, num(r.get("num_pairs"), "d")]
-        if errors:
-            cells.append(escape(r.get("error") or ""))
-        table.add_row(*cells)
-    return table
+        cells.append(
+            [
+                escape(r["model"]),
+                str(r["tp"]),
+                escape(_variant_cell(r)),
+                f"[{style}]{r['status']}[/{style}]",
+                *(num(r.get(field), fmt) for _, field, fmt in metrics),
+                num(speed, ".3f") + ("x" if speed is not None else ""),
+                interval,
+                num(r.get("num_pairs"), "d"),
+                *([escape(r.get("error") or "")] if errors else []),
+            ]
+        )
+    return fit_table(columns, cells, width, title)
 
 
 def print_e2e(rows: list[dict], console: Console | None = None) -> None:
-    """Print one e2e table per workload (titled with its vLLM settings) and where the
-    weights came from."""
+    """Print one e2e table per workload (titled with its vLLM settings), fitted to the
+    console's width (:func:`e2e_table`), and where the weights came from."""
     import json
 
     console = console or make_console()
@@ -103,7 +125,7 @@ def print_e2e(rows: list[dict], console: Console | None = None) -> None:
         settings = ", ".join(
             f"{k} {shown.get(k, v) if v is None else v}" for k, v in params.items() if k not in ("name", "kind")
         )
-        console.print(e2e_table(group, title=f"{group[0]['kind']} {workload}: {settings}"))
+        console.print(e2e_table(group, f"{group[0]['kind']} {workload}: {settings}", console.width))
     for weights in sorted({r["weights"] for r in rows if r.get("weights")}):
         models = sorted({r["model"] for r in rows if r.get("weights") == weights})
         console.print(f"weights of {', '.join(models)}: {weights}")

@@ -117,7 +117,11 @@ def _materialize(lm, module: nn.Module, init_weights: bool) -> None:
     """Allocate ``module`` (part of the meta model ``lm``) on the CPU and initialise it with
     transformers' own ``_init_weights`` of ``lm`` (seeded by the global torch RNG). With
     ``init_weights=False`` only the rotary buffers are computed; parameters stay
-    uninitialised memory until a ``load_state_dict``."""
+    uninitialised memory until a ``load_state_dict``. Built under ``torch.device("meta")``
+    (:func:`kb_nano.operators.listing.state_dict_shapes`), ``module`` stays on the meta
+    device: shapes only, no memory."""
+    if torch.get_default_device().type == "meta":
+        return
     module.to_empty(device="cpu")
     with torch.no_grad():
         for sub in module.modules():

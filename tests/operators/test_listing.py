@@ -1,0 +1,99 @@
+"""``kernels --list``'s state_dict column (:mod:`kb_nano.operators.listing`): the baselines
+built on the meta device have the keys and shapes of a real build and hold no memory, keys
+of repeated layers share a line, and the example model is the first that applies."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import transformers  # noqa: F401  (imported first: config_imports_only then leaves this process alone)
+from workflow_helpers import REPO
+
+from kb_nano import operators
+from kb_nano.errors import KbNanoError
+from kb_nano.operators.layers import CausalLM, DecoderLayer
+from kb_nano.operators.listing import ModelExamples, state_dict_lines, state_dict_shapes, state_dict_text
+
+TINY = "config/models/kb-nano/tiny-llama"
+REAL_BUILD_MAX_ELEMENTS = 50_000_000  # built for real on the CPU below this (fp32: 200 MB)
+
+
+def test_meta_build_has_the_real_builds_keys_and_shapes():
+    """Every operator's baseline, built on the meta device from the first model it applies
+    to (tiny-llama, else a registry model), lists the state_dict of a real CPU build: same
+    keys, same order, same shapes (the real build where it is small enough to make)."""
+    examples = ModelExamples(REPO, [TINY], [1])
+    compared = []
+    for name in operators.names():
+        op = operators.get(name)
+        key, tp, configured, init_args = examples.first(op)
+        assert configured == (key == "tiny-llama"), name
+        shapes = state_dict_shapes(op, init_args)
+        if sum(math.prod(s) for _, s in shapes) > REAL_BUILD_MAX_ELEMENTS:
+            continue
+        real = op.baseline(**init_args).state_dict()
+        assert shapes == [(k, tuple(v.shape)) for k, v in real.items()], name
+        compared.append(name)
+    assert {"rms_norm", "qk_norm", "embedding", "mlp", "decoder_layer", "model"} <= set(compared)
+
+
+def test_transformers_baselines_stay_on_the_meta_device():
+    """The L3/L4 baselines built under ``torch.device("meta")`` allocate nothing: every
+    state_dict tensor is a meta tensor (a real build puts them on the CPU, initialised)."""
+    examples = ModelExamples(REPO, [TINY], [1])
+    for cls, name in ((DecoderLayer, "decoder_layer"), (CausalLM, "model")):
+        init_args = examples.first(operators.get(name))[3]
+        with torch.device("meta"):
+            module = cls(**init_args)
+        tensors = list(module.state_dict().values())
+        assert tensors and all(t.is_meta for t in tensors), name
+        assert all(not t.is_meta for t in cls(**init_args).state_dict().values())
+
+
+def test_first_example_is_the_first_configured_model_and_tp_that_applies():
+    """The configured models at each configured TP come first; an operator no configured
+    model uses takes the registry's first that does (marked not configured); ``(none)``
+    for a baseline without parameters."""
+    examples = ModelExamples(REPO, ["llama31-8b", "qwen3-8b"], [1, 4])
+    get = operators.get
+    assert examples.first(get("rms_norm"))[:3] == ("llama31-8b", 1, True)
+    assert examples.first(get("qk_norm"))[:3] == ("qwen3-8b", 1, True)  # Llama has no q/k norm
+    assert examples.first(get("decoder_layer"))[:3] == ("llama31-8b", 4, True)  # tp=1: too many parameters
+    assert examples.first(get("fused_moe"))[:3] == ("mixtral-8x7b", 1, False)
+    assert state_dict_text(get("embedding"), examples) == "of llama31-8b tp=1:\nweight [128256, 4096]"
+    assert state_dict_text(get("fused_moe"), examples) == (
+        "of mixtral-8x7b tp=1 (not configured):\nw13_weight [8, 28672, 4096]\nw2_weight [8, 4096, 14336]"
+    )
+    assert state_dict_text(get("silu_and_mul"), examples) == "(none)"
+    qwen = ModelExamples(REPO, ["qwen3-8b"], [2])
+    assert state_dict_text(get("embedding"), qwen) == "of qwen3-8b tp=2:\nweight [75968, 4096]"  # vocab / tp
+    with pytest.raises(KbNanoError, match="tp 0: a tensor-parallel degree is a positive integer"):
+        ModelExamples(REPO, ["qwen3-8b"], [0])
+
+
+def test_state_dict_lines_share_a_line_across_layer_indices():
+    shapes = [
+        ("embed.weight", (10, 4)),
+        *((f"layers.{i}.norm.weight", (4,)) for i in range(3)),
+        ("layers.0.proj.weight", (8, 4)),
+        ("layers.1.proj.weight", (8, 4)),
+        ("layers.2.proj.weight", (6, 4)),  # another shape: its own line
+        *((f"layers.{i}.experts.{e}.w", (2,)) for i in (0, 1) for e in (0, 1)),
+        ("blocks.0.a.weight", (1,)),
+        ("blocks.2.a.weight", (1,)),  # a gap: listed, not a range
+        ("heads.0.x.1", (3,)),
+        ("heads.1.x.0", (3,)),  # not every combination: one line each
+    ]
+    assert state_dict_lines(shapes) == [
+        "embed.weight [10, 4]",
+        "layers.{0..2}.norm.weight [4]",
+        "layers.{0,1}.proj.weight [8, 4]",
+        "layers.2.proj.weight [6, 4]",
+        "layers.{0,1}.experts.{0,1}.w [2]",
+        "blocks.{0,2}.a.weight [1]",
+        "heads.0.x.1 [3]",
+        "heads.1.x.0 [3]",
+    ]
+    assert state_dict_lines([]) == ["(none)"]
