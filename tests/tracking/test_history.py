@@ -199,9 +199,10 @@ def _ci_row(target: str, n: int, speedup: float | None, ci: tuple | None, status
 @pytest.fixture(scope="module")
 def ci_runs(tmp_path_factory):
     """Two real runs with rerun intervals. A -> B: n1 faster (intervals apart), n64 slower
-    (apart), n256 changed within overlapping intervals, n1024 passed -> incorrect;
-    silu_and_mul n1 only in A, silu_and_mul n64 only in B; n4096 the same measurement in
-    both (a reused shard)."""
+    (apart), n256 changed within overlapping intervals after an edit of the candidate (its
+    source hash differs), n1024 passed -> incorrect; silu_and_mul n1 only in A,
+    silu_and_mul n64 only in B (both within the other run's selection); n4096 the same
+    measurement in both (a reused shard)."""
     tmp = tmp_path_factory.mktemp("history_ci")
     uri = tracking.default_tracking_uri(tmp)
     a = [
@@ -215,7 +216,7 @@ def ci_runs(tmp_path_factory):
     b = [
         _ci_row("rms_norm", 1, 1.5, (1.4, 1.6), day=2),
         _ci_row("rms_norm", 64, 1.5, (1.4, 1.6), day=2),
-        _ci_row("rms_norm", 256, 1.6, (1.3, 1.9), day=2),
+        _ci_row("rms_norm", 256, 1.6, (1.3, 1.9), day=2) | {"candidate_sha256": "1" * 64},  # edited
         _ci_row("rms_norm", 1024, None, None, status="incorrect", day=2),
         _ci_row("silu_and_mul", 64, 0.2, (0.1, 0.3), day=2),
         _ci_row("rms_norm", 4096, 1.3, (1.2, 1.4)),  # measured once, reused by B
@@ -235,6 +236,7 @@ def test_compare_only_rows_in_both_runs_with_significance(ci_runs):
     sig = {sid.rsplit("__n", 1)[1]: r["significant"] for sid, r in by.items()}
     assert sig == {"1": "faster", "64": "slower", "256": "no", "1024": None, "4096": "no"}
     assert [sid for sid, r in by.items() if r["same_measurement"]] == ["rms_norm__llama31-8b__tp1__n4096"]
+    assert [sid for sid, r in by.items() if r["candidate_changed"]] == ["rms_norm__llama31-8b__tp1__n256"]
     assert by["rms_norm__llama31-8b__tp1__n1"]["ci_b"] == pytest.approx((1.4, 1.6))
     assert result["rows"][0]["status_b"] == "incorrect"  # status changes first
     assert [r["scenario_id"] for r in result["removed"]] == ["silu_and_mul__llama31-8b__tp1__n1"]
@@ -246,8 +248,11 @@ def test_compare_only_rows_in_both_runs_with_significance(ci_runs):
         "no_interval": 0,
         "status_changed": 1,
         "same_measurement": 1,
+        "candidate_changed": 1,
         "added": 1,
         "removed": 1,
+        "not_selected_by_a": 0,
+        "not_selected_by_b": 0,
     }
     assert history.significance((1.0, 2.0), (2.0, 3.0)) == "no"  # touching intervals overlap
     assert history.significance(None, (2.0, 3.0)) is None
@@ -260,7 +265,8 @@ def test_cli_compare_summary_counts_the_same_rows_only(ci_runs, capsys, monkeypa
     out = capsys.readouterr().out
     assert (
         "5 rows in both runs compared: 1 significantly faster, 1 significantly slower (95% rerun intervals "
-        "apart), 1 status changes; 1 of them the same measurement in both runs (a shard both reused); "
+        "apart), 1 status changes; 1 of them with a changed candidate source (the change reflects the edit); "
+        "1 of them the same measurement in both runs (a shard both reused); "
         "1 rows only in B (added), 1 only in A (removed)"
     ) in " ".join(out.split())
     assert "geomean" not in out  # no summary over two different row sets
@@ -268,17 +274,76 @@ def test_cli_compare_summary_counts_the_same_rows_only(ci_runs, capsys, monkeypa
     assert "silu_and_mul" not in compared and "passed → incorrect" in compared
     assert "1.50x (1.40-1.60)" in compared and "faster" in compared and "slower" in compared
     assert "same row" in compared  # the reused shard is not judged as a change
+    edited = [ln for ln in compared.splitlines() if "n256" in ln]
+    assert len(edited) == 1 and edited[0].rstrip(" │").endswith("yes")  # the candidate changed column
+    assert "candidate changed" in table_headers(out)[0]
     assert "A (removed)" in only and "B (added)" in only
 
 
 def test_cli_compare_of_runs_without_a_common_row(store, capsys):
-    """Runs with no row in common: nothing is compared (an empty table, not a crash) and
-    every row is listed as added or removed."""
+    """Runs with no row in common (A: rms_norm on llama31-8b; B: silu_and_mul on qwen3-8b):
+    nothing is compared (an empty table, not a crash), and as neither run selected the
+    other's rows, none is called added or removed."""
     uri, ids = store
     assert main(["history", "--tracking-uri", uri, "--compare", ids["A"], ids["B"]]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "0 rows in both runs compared: 0 significantly faster, 0 significantly slower" in out
-    assert "1 rows only in B (added), 2 only in A (removed)" in out
+    assert "0 rows only in B (added), 0 only in A (removed)" in out
+    assert (
+        "2 rows of A not in B's selection (targets silu_and_mul; models qwen3-8b; num_tokens 1; "
+        "candidates silu_and_mul/inplace), not compared"
+    ) in out
+    assert (
+        "1 rows of B not in A's selection (targets rms_norm; models llama31-8b; candidates rms_norm/torch_fused)"
+    ) in out
+    assert "rows only one run has" not in out
+
+
+def test_compare_tells_a_filtered_rerun_from_removed_rows(tmp_path, capsys, monkeypatch):
+    """A: a full sweep (rms_norm and silu_and_mul, n1 and n64, candidates fast and old).
+    B: `kb_nano kernels --target rms_norm --num-tokens 1` after candidates/rms_norm/old.py
+    was deleted: rms_norm/fast at n1 is measured again, the other rows of A were not
+    selected by B, except rms_norm/old at n1, which B selected (every candidate) but no
+    longer has."""
+    uri = tracking.default_tracking_uri(tmp_path)
+    full = [
+        _ci_row(target, n, 1.2, (1.1, 1.3)) | {"candidate": f"{target}/{name}"}
+        for target in ("rms_norm", "silu_and_mul")
+        for n in (1, 64)
+        for name in ("fast", "old")
+    ]
+    rerun = [full[0] | {"created_at": "2026-01-02T00:00:00+00:00", "speedup": 1.3}]  # rms_norm n1 fast
+    only_fast = [full[0] | {"created_at": "2026-01-03T00:00:00+00:00", "speedup": 1.4}]  # --candidate rms_norm/fast
+    ids = {}
+    for name, rows, filt in (("A", full, []), ("B", rerun, []), ("C", only_fast, ["rms_norm/fast"])):
+        kwargs = result_set(tmp_path / name, rows)
+        kwargs["config"] = {**kwargs["config"], "candidates": filt}  # the config's filter ([]: every candidate)
+        ids[name] = tracking.log_kernels(**kwargs, tracking_uri=uri)["run_id"]
+        time.sleep(0.02)
+    result = history.compare_runs(uri, ids["A"], ids["B"])
+    assert [r["candidate"] for r in result["rows"]] == ["rms_norm/fast"]
+    assert [(r["scenario_id"], r["candidate"]) for r in result["removed"]] == [
+        ("rms_norm__llama31-8b__tp1__n1", "rms_norm/old")
+    ]
+    assert len(result["not_selected_by_b"]) == 6 and result["added"] == result["not_selected_by_a"] == []
+    assert result["narrowed_b"] == "targets rms_norm; num_tokens 1"
+    # the other way round, B's rows are all within A's selection and A's extra rows are not "added"
+    back = history.compare_runs(uri, ids["B"], ids["A"])
+    assert back["summary"]["added"] == 1 and back["summary"]["not_selected_by_a"] == 6
+    # C selected one candidate: rms_norm/old is outside its selection, not removed
+    narrow = history.compare_runs(uri, ids["A"], ids["C"])
+    assert narrow["removed"] == [] and len(narrow["not_selected_by_b"]) == 7
+    assert narrow["narrowed_b"] == "targets rms_norm; num_tokens 1; candidates rms_norm/fast"
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["history", "--tracking-uri", uri, "--compare", ids["A"], ids["B"]]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "0 rows only in B (added), 1 only in A (removed); "
+        "6 rows of A not in B's selection (targets rms_norm; num_tokens 1), not compared"
+    ) in " ".join(out.split())
+    only = out.split("rows only one run has")[1]
+    assert "rms_norm/old" in only and "A (removed)" in only and "silu_and_mul" not in only
 
 
 @pytest.mark.parametrize("columns", [100, 200])

@@ -174,3 +174,71 @@ def test_git_sha_is_marked_dirty_with_uncommitted_tracked_changes(tmp_path):
         git_sha(tmp_path)
         == subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     )
+
+
+def _measured(target: str, n: int, speedup: float, second: int, name: str = "torch_fused") -> dict:
+    """A measured row: its shard's created_at and seed say which measurement it is."""
+    return row(target, name, n=n, speedup=speedup, seed=1000 + second) | {
+        "created_at": f"2026-01-01T00:00:{second:02d}+00:00"
+    }
+
+
+def _log(root, rows, uri, manifest: str):
+    """Log ``rows`` as `kb_nano kernels` does; each selection has its own manifest."""
+    kwargs = result_set(root, rows, manifest_text=f"schema_version: 1\nscenarios: []\n# {manifest}\n")
+    return tracking.log_kernels(**kwargs, tracking_uri=uri), kwargs["marker"]
+
+
+def test_a_filtered_rerun_that_measured_nothing_logs_no_run(tmp_path, capsys):
+    """A full sweep, then `--target rms_norm --num-tokens 1` reusing every selected shard:
+    no second run; the record and the CLI name the run that holds the rows. A scenario no
+    job measured (not applicable, made at merge without created_at) is held the same way.
+    A rerun that measured one row logs a run as before."""
+    from kb_nano.cli.snakemake import print_mlflow_record
+
+    uri = tracking.default_tracking_uri(tmp_path)
+    not_applicable = row("qk_norm", "fused", status="skipped") | {"error": "not applicable: llama31-8b has no qk_norm"}
+    full = [
+        _measured("rms_norm", 1, 1.2, 1),
+        _measured("rms_norm", 64, 0.9, 2),
+        _measured("silu_and_mul", 1, 1.5, 3, "inplace"),
+        not_applicable | {"created_at": None},
+    ]
+    first, _ = _log(tmp_path / "full", full, uri, "full")
+    assert first["created"]
+
+    view, marker = _log(tmp_path / "view", [full[0], full[3]], uri, "rms_norm+qk_norm n1")
+    assert not view["created"] and view["run_id"] == first["run_id"]
+    assert view["recorded_in"] == [{"run_id": first["run_id"], "run_name": first["run_name"], "rows": 2}]
+    assert [r["run_id"] for r in history.list_runs(uri)] == [first["run_id"]]  # no run for the view
+    print_mlflow_record(marker.parents[2], str(marker.relative_to(marker.parents[2])), None)
+    out = capsys.readouterr().out
+    assert (
+        f"MLflow: no new run, nothing new was measured: all 2 rows are already recorded in run {first['run_name']}"
+        in (" ".join(out.split()))
+    )
+
+    # one row measured again (a new created_at and seed): the view is a new result, logged
+    again = _measured("rms_norm", 1, 1.3, 4)
+    remeasured, _ = _log(tmp_path / "again", [again, full[1]], uri, "rms_norm")
+    assert remeasured["created"] and "recorded_in" not in remeasured
+    # rows held by two runs together (the newest holds rms_norm n1 now): still nothing new
+    both, marker = _log(tmp_path / "both", [again, full[1], full[2]], uri, "rms_norm silu_and_mul")
+    assert not both["created"] and both["run_id"] == remeasured["run_id"]
+    assert [(h["run_id"], h["rows"]) for h in both["recorded_in"]] == [(remeasured["run_id"], 2), (first["run_id"], 1)]
+    assert len(history.list_runs(uri)) == 2
+    print_mlflow_record(marker.parents[2], str(marker.relative_to(marker.parents[2])), None)
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"recorded in runs {remeasured['run_name']} (2 rows), {first['run_name']} (1 rows)" in out
+
+
+def test_a_view_of_an_edited_candidate_is_not_the_recorded_one(tmp_path):
+    """Rows equal to a logged run's, but the candidate file changed since (its shards not
+    measured again): the earlier run recorded another source, so the result set is new."""
+    uri = tracking.default_tracking_uri(tmp_path)
+    rows = [_measured("rms_norm", 1, 1.2, 1), _measured("rms_norm", 64, 0.9, 2)]
+    first, _ = _log(tmp_path / "a", rows, uri, "full")
+    (tmp_path / "b" / "candidates" / "rms_norm").mkdir(parents=True)
+    (tmp_path / "b" / "candidates" / "rms_norm" / "torch_fused.py").write_text("# edited\n")
+    edited, _ = _log(tmp_path / "b", rows[:1], uri, "n1")
+    assert edited["created"] and edited["run_id"] != first["run_id"]

@@ -45,6 +45,11 @@ with open(snakemake.log[0], "w") as log:
             file=sys.stderr,
         )
         sys.exit(1)
-    what = "created run" if record["created"] else "unchanged inputs; kept run"
-    print(f"{what} {record['run_id']} in {record['experiment']} ({record['tracking_uri']})", file=log)
+    where = f"{record['experiment']} ({record['tracking_uri']})"
+    if record.get("recorded_in"):
+        runs = ", ".join(h["run_id"] for h in record["recorded_in"])
+        print(f"nothing new measured, no run created: every row is already in {runs} in {where}", file=log)
+    else:
+        what = "created run" if record["created"] else "unchanged inputs; kept run"
+        print(f"{what} {record['run_id']} in {where}", file=log)
     print(json.dumps(record, sort_keys=True), file=log)

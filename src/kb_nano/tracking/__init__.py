@@ -1,7 +1,9 @@
 """MLflow tracking: the single writer of a tier's merged results (docs/architecture.md, "Tracking").
 
 Modules: :mod:`~kb_nano.tracking.store` (the store's URI, client, lock), :mod:`~kb_nano.tracking.digest`
-(what keys a run), :mod:`~kb_nano.tracking.runs` (one run per digest), :mod:`~kb_nano.tracking.kernels`
+(what keys a run), :mod:`~kb_nano.tracking.runs` (one run per digest),
+:mod:`~kb_nano.tracking.recorded` (which runs already hold a result set's rows),
+:mod:`~kb_nano.tracking.selection` (what a logged run selected), :mod:`~kb_nano.tracking.kernels`
 and :mod:`~kb_nano.tracking.e2e` (each tier's params, metrics and log call); the names
 other modules use are imported here. The readers :mod:`~kb_nano.tracking.history`
 (``kb_nano history``), :mod:`~kb_nano.tracking.plots` and
@@ -14,7 +16,8 @@ per merged result set. A run is keyed by a digest of its inputs (:func:`result_d
 the merged rows, the manifest, the candidate source hashes); logging the same digest
 again returns the existing run instead of creating a second one, so re-running the
 rule on unchanged inputs adds nothing, while an edited candidate (new rows, new hash)
-adds exactly one run.
+adds exactly one run. A kernel result set whose every row earlier runs already hold
+(a filtered rerun that reused every shard) adds no run either.
 
 Store: ``--tracking-uri``/``explicit`` > ``$MLFLOW_TRACKING_URI`` > config key
 ``mlflow_tracking_uri`` > the embedded default, an SQLite file ``results/mlflow.db``

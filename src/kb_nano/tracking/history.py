@@ -10,24 +10,22 @@ server) through ``mlflow.MlflowClient``, never the results files. The tables are
 
 from __future__ import annotations
 
-import json
 import math
-import tempfile
 from datetime import datetime
-from pathlib import Path
 
 from kb_nano.errors import KbNanoError
 from kb_nano.tracking import (
     CANDIDATE_TAG_PREFIX,
-    ROWS_ARTIFACT,
     TIERS,
     client,
     experiment_name,
     sqlite_path,
 )
+from kb_nano.tracking.recorded import ROW_KEYS, run_rows, same_measurement
+from kb_nano.tracking.selection import in_selection, narrowed, run_selection
 
 # Tier -> (fields identifying a comparable row, value compared).
-COMPARE_KEYS = {"kernels": (("scenario_id", "candidate"), "speedup")}
+COMPARE_KEYS = {"kernels": (ROW_KEYS["kernels"], "speedup")}
 PAGE = 200
 
 
@@ -182,26 +180,6 @@ def resolve_run(mlflow_client, ref: str, tracking_uri: str = "the tracking store
     raise KbNanoError(f"--compare: no kb-nano run {ref!r} in {tracking_uri}; see `kb_nano history`")
 
 
-def _run_rows(tracking_uri: str, run) -> list[dict]:
-    import mlflow.artifacts
-    from mlflow.exceptions import MlflowException
-
-    tier = run.data.tags.get("kb_nano.tier")
-    path = run.data.tags.get("kb_nano.rows_artifact") or ROWS_ARTIFACT.get(tier or "")
-    if not path:
-        raise KbNanoError(f"--compare: run {run.info.run_id} has no kb-nano rows artifact (tier {tier!r})")
-    with tempfile.TemporaryDirectory(prefix="kb_nano_compare_") as tmp:
-        try:
-            local = mlflow.artifacts.download_artifacts(
-                run_id=run.info.run_id, artifact_path=path, dst_path=tmp, tracking_uri=tracking_uri
-            )
-        except (MlflowException, OSError) as exc:
-            raise KbNanoError(
-                f"--compare: cannot read {path} of run {run.info.run_id}: {' '.join(str(exc).split())[:200]}"
-            ) from None
-        return json.loads(Path(local).read_text())["rows"]
-
-
 def _finite(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
@@ -226,16 +204,25 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
 
     Only rows present in both runs are compared (kernels: same scenario_id and
     candidate). Returns ``{"tier", "a": summary, "b": summary, "rows", "added",
-    "removed", "summary"}``. Each of ``rows`` has the key fields, ``status_a``/``status_b``,
+    "removed", "not_selected_by_a", "not_selected_by_b", "narrowed_a", "narrowed_b",
+    "summary"}``. Each of ``rows`` has the key fields, ``status_a``/``status_b``,
     ``speedup_a``/``speedup_b`` and ``ci_a``/``ci_b`` (the 95% rerun interval as
     ``(low, high)``; None where not passed or not measured), ``change`` = speedup_b /
-    speedup_a - 1 (a fraction; None unless both passed) and ``significant``
-    (:func:`significance`: faster, slower, no, None). Rows whose status changed come first,
-    then significant changes, then the largest relative changes. ``added`` (only in B)
-    and ``removed`` (only in A) hold the key fields and ``status``. ``summary`` counts
-    compared, faster, slower (significant), no_interval, status_changed, added and
-    removed. Raises ``KbNanoError`` for an unknown run, runs of different tiers, or an
-    unreachable server.
+    speedup_a - 1 (a fraction; None unless both passed), ``significant``
+    (:func:`significance`: faster, slower, no, None), ``same_measurement`` (one shard
+    reused by both runs) and ``candidate_changed`` (the candidate's source hash differs:
+    a speedup change then reflects the edit). Rows whose status changed come first, then
+    significant changes, then the largest relative changes.
+
+    A row only one run has is ``removed`` (only in A) when B's selection
+    (:func:`kb_nano.tracking.selection.run_selection`: its targets, models, TPs, token
+    counts, variants, candidates) includes it, else ``not_selected_by_b``; likewise
+    ``added`` (only in B) or ``not_selected_by_a``. Each holds the key fields and
+    ``status``; ``narrowed_b`` says where B's selection is narrower than A's (e.g.
+    ``targets rms_norm``), ``narrowed_a`` the reverse. ``summary`` counts compared, faster,
+    slower (significant), no_interval, status_changed, same_measurement,
+    candidate_changed, added, removed, not_selected_by_a and not_selected_by_b. Raises
+    ``KbNanoError`` for an unknown run, runs of different tiers, or an unreachable server.
     """
     if not store_exists(tracking_uri):
         raise KbNanoError(f"--compare: no MLflow store at {tracking_uri} yet; run `kb_nano kernels` first")
@@ -247,8 +234,8 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
     if ta not in COMPARE_KEYS:
         raise KbNanoError(f"--compare: comparing {ta!r} runs is not supported yet")
     keys, value = COMPARE_KEYS[ta]
-    rows_a = {tuple(r[k] for k in keys): r for r in _run_rows(tracking_uri, ra)}
-    rows_b = {tuple(r[k] for k in keys): r for r in _run_rows(tracking_uri, rb)}
+    rows_a = {tuple(r[k] for k in keys): r for r in run_rows(tracking_uri, ra)}
+    rows_b = {tuple(r[k] for k in keys): r for r in run_rows(tracking_uri, rb)}
 
     def val(r):
         v = r.get(value) if r.get("status") == "passed" else None
@@ -262,6 +249,7 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
     for key in [k for k in rows_a if k in rows_b]:
         a, b = rows_a[key], rows_b[key]
         va, vb = val(a), val(b)
+        sha_a, sha_b = a.get("candidate_sha256"), b.get("candidate_sha256")
         out.append(
             {
                 **dict(zip(keys, key)),
@@ -274,7 +262,9 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
                 "change": vb / va - 1 if va and vb else None,
                 "significant": significance(ci(a), ci(b)) if va and vb else None,
                 # the same shard in both runs (one measurement, e.g. a filtered rerun): no change to judge
-                "same_measurement": _same_measurement(a, b),
+                "same_measurement": same_measurement(a, b),
+                # the candidate file was edited between the runs: a change reflects the edit, not noise
+                "candidate_changed": bool(sha_a and sha_b and sha_a != sha_b),
             }
         )
     out.sort(
@@ -286,9 +276,14 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
             *(str(r[k]) for k in keys),
         )
     )
+    sel_a, sel_b = run_selection(ra), run_selection(rb)
 
-    def only(mine: dict, other: dict) -> list[dict]:
-        return [{**dict(zip(keys, k)), "status": mine[k]["status"]} for k in sorted(mine) if k not in other]
+    def only(mine: dict, other: dict, other_sel: dict, selected: bool) -> list[dict]:
+        return [
+            {**dict(zip(keys, k)), "status": mine[k]["status"]}
+            for k in sorted(mine)
+            if k not in other and in_selection(mine[k], other_sel) == selected
+        ]
 
     both_passed = [r for r in out if r["change"] is not None]
     summary = {
@@ -298,38 +293,48 @@ def compare_runs(tracking_uri: str, run_a: str, run_b: str) -> dict:
         "no_interval": sum(r["significant"] is None for r in both_passed),
         "status_changed": sum(r["status_a"] != r["status_b"] for r in out),
         "same_measurement": sum(r["same_measurement"] for r in out),
+        "candidate_changed": sum(r["candidate_changed"] for r in out),
     }
-    added, removed = only(rows_b, rows_a), only(rows_a, rows_b)
-    summary.update(added=len(added), removed=len(removed))
+    parts = {
+        "added": only(rows_b, rows_a, sel_a, True),
+        "removed": only(rows_a, rows_b, sel_b, True),
+        "not_selected_by_a": only(rows_b, rows_a, sel_a, False),
+        "not_selected_by_b": only(rows_a, rows_b, sel_b, False),
+    }
+    summary.update({name: len(rs) for name, rs in parts.items()})
     return {
         "tier": ta,
         "a": _summary(ra, ta),
         "b": _summary(rb, tb),
         "rows": out,
-        "added": added,
-        "removed": removed,
+        **parts,
+        "narrowed_a": narrowed(sel_b, sel_a),
+        "narrowed_b": narrowed(sel_a, sel_b),
         "summary": summary,
     }
-
-
-def _same_measurement(a: dict, b: dict) -> bool:
-    """Whether two rows are one measurement (the same shard reused by two runs): the same
-    ``created_at``, ``seed`` and ``candidate_sha256``."""
-    return bool(a.get("created_at")) and all(a.get(k) == b.get(k) for k in ("created_at", "seed", "candidate_sha256"))
 
 
 def compare_summary(result: dict) -> str:
     """The one-line summary of :func:`compare_runs`: rows compared (present in both
     runs), significantly faster and slower (95% rerun intervals apart), status changes,
-    rows that are one measurement in both (a reused shard), and how many rows only one
-    run has."""
+    rows whose candidate source changed, rows that are one measurement in both (a reused
+    shard), how many rows only one run has (added, removed), and how many rows a run's
+    selection did not include (with where that selection is narrower)."""
     s = result["summary"]
     text = (
         f"{s['compared']} rows in both runs compared: {s['faster']} significantly faster, {s['slower']} "
         f"significantly slower (95% rerun intervals apart), {s['status_changed']} status changes"
     )
+    if s.get("candidate_changed"):
+        text += f"; {s['candidate_changed']} of them with a changed candidate source (the change reflects the edit)"
     if s.get("same_measurement"):
         text += f"; {s['same_measurement']} of them the same measurement in both runs (a shard both reused)"
     if s["no_interval"]:
         text += f"; {s['no_interval']} passed in both without a rerun interval"
-    return text + f"; {s['added']} rows only in B (added), {s['removed']} only in A (removed)"
+    text += f"; {s['added']} rows only in B (added), {s['removed']} only in A (removed)"
+    for mine, other in (("A", "B"), ("B", "A")):
+        n = s.get(f"not_selected_by_{other.lower()}")
+        if n:
+            how = result.get(f"narrowed_{other.lower()}")
+            text += f"; {n} rows of {mine} not in {other}'s selection{f' ({how})' if how else ''}, not compared"
+    return text

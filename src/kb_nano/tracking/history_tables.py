@@ -31,6 +31,8 @@ COMPARE_COLUMNS = (
     Column("change", "right", drop=1),
     Column("significant"),
 )
+# shown when a compared row's candidate source differs between the two runs
+CHANGED_COLUMN = Column("candidate changed", wrap=True, min_width=9)
 ONLY_COLUMNS = (
     Column("scenario", wrap=True, min_width=20),
     Column("candidate", wrap=True, min_width=14),
@@ -86,8 +88,12 @@ def compare_table(result: dict, width: int | None = None) -> Table:
     speedups with their 95% rerun intervals, the relative change (red: slower by > 5 %,
     green: faster by > 5 %) and whether the change is significant (``faster``/``slower``:
     the intervals do not overlap; ``no``; ``same row``: one measurement in both runs, a
-    reused shard; ``-``: a row without an interval or not passed in both). ``width``: as :func:`history_table`; the change column goes first."""
+    reused shard; ``-``: a row without an interval or not passed in both). When some
+    row's candidate source differs between the runs, a ``candidate changed`` column marks
+    those rows ``yes``: their change reflects the edit. ``width``: as
+    :func:`history_table`; the change column goes first."""
     a, b = result["a"], result["b"]
+    edited = any(r.get("candidate_changed") for r in result["rows"])
     cells = []
     for r in result["rows"]:
         change = r["change"]
@@ -109,18 +115,21 @@ def compare_table(result: dict, width: int | None = None) -> Table:
                 _speedup(r["speedup_b"], r["ci_b"]),
                 text,
                 sig,
+                *(["[bold yellow]yes[/bold yellow]" if r.get("candidate_changed") else "-"] if edited else []),
             ]
         )
     title = (
         f"kb-nano compare: A={a['run_id'][:12]} ({a['start_time']:%Y-%m-%d %H:%M}) "
         f"→ B={b['run_id'][:12]} ({b['start_time']:%Y-%m-%d %H:%M}): rows in both runs"
     )
-    return fit_table(list(COMPARE_COLUMNS), cells, width, title)
+    return fit_table([*COMPARE_COLUMNS, *([CHANGED_COLUMN] if edited else [])], cells, width, title)
 
 
 def only_table(result: dict, width: int | None = None) -> Table | None:
-    """Rich table of the rows only one of the two compared runs has (``added``: only in
-    B; ``removed``: only in A), or None when both runs have the same rows."""
+    """Rich table of the rows only one of the two compared runs has although the other
+    run's selection includes them (``added``: only in B; ``removed``: only in A), or None
+    when there are none. Rows outside the other run's selection (a filtered rerun) are
+    not listed: :func:`kb_nano.tracking.history.compare_summary` counts them."""
     cells = [
         [escape(r["scenario_id"]), escape(r["candidate"]), label, r["status"]]
         for key, label in (("removed", "A (removed)"), ("added", "B (added)"))
@@ -128,4 +137,6 @@ def only_table(result: dict, width: int | None = None) -> Table | None:
     ]
     if not cells:
         return None
-    return fit_table(list(ONLY_COLUMNS), cells, width, "rows only one run has (not compared)")
+    return fit_table(
+        list(ONLY_COLUMNS), cells, width, "rows only one run has, though both runs selected them (not compared)"
+    )

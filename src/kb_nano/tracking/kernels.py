@@ -11,7 +11,9 @@ import kb_nano
 from kb_nano.errors import KbNanoError
 from kb_nano.provenance import git_sha, package_version
 from kb_nano.tracking.digest import candidate_hashes, file_sha256, result_digest
+from kb_nano.tracking.recorded import recorded_in
 from kb_nano.tracking.runs import log_run
+from kb_nano.tracking.selection import row_variant
 from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, CONFIG_KEY, metric_name
 
 # Per passed row, logged as ``<field>/<scenario_id>/<candidate>`` (see scenario_metrics).
@@ -125,8 +127,10 @@ def config_digest(config: dict | None) -> str:
 
 
 def kernel_params(rows: list[dict], config: dict | None, root: Path) -> dict[str, str]:
-    """Run params: config digest, models/TP/token counts seen in the rows, the measurement
-    settings (warmup/runs/tolerances/device/dtype; from ``config`` when given, else from
+    """Run params: config digest, what the run selected (the targets, models, TPs, token
+    counts and variants seen in the rows; ``candidates_selected``: the config's candidate
+    filter, ``all`` when empty, left out without a config), the measurement settings
+    (warmup/runs/tolerances/device/dtype; from ``config`` when given, else from
     the rows), versions (kb_nano, torch, triton as measured; vLLM installed here), the git
     sha (the rows', else the checkout's now) and the device name(s)."""
     config = config or {}
@@ -136,13 +140,16 @@ def kernel_params(rows: list[dict], config: dict | None, root: Path) -> dict[str
             return str(config[key])
         return _distinct(rows, key)
 
+    selected = {"candidates_selected": ",".join(config["candidates"]) or "all"} if "candidates" in config else {}
     return {
+        **selected,
         "config_digest": config_digest(config),
         "models": _distinct(rows, "model"),
         "tp": _distinct(rows, "tp"),
         "num_tokens": _distinct(rows, "num_tokens"),
         "dtype": _distinct(rows, "dtype"),
         "targets": _distinct(rows, "target"),
+        "variants": ",".join(sorted({row_variant(r) for r in rows}, key=_natural)),
         "device": _distinct(rows, "device") or setting("device"),
         "device_name": _distinct(rows, "device_name", "; ") or "none measured",
         "num_warmup": setting("num_warmup"),
@@ -190,7 +197,11 @@ def log_kernels(
     ``manifest_digest``: the manifest's ``inputs_digest`` this run was planned with; a
     manifest file with another one was rewritten by a concurrent invocation (the Snakefile
     computes it while parsing, before Snakemake's lock), and logging it would attach the
-    wrong provenance: raises ``KbNanoError`` instead."""
+    wrong provenance: raises ``KbNanoError`` instead.
+
+    A result set whose every row an existing run already holds as the same measurement
+    (a filtered rerun that reused every shard: :func:`kb_nano.tracking.recorded.recorded_in`)
+    creates no run: the record names those runs (``recorded_in``, ``created: False``)."""
     from kb_nano.kernels.manifest import load as load_manifest
 
     if manifest_digest is not None and load_manifest(manifest).get("inputs_digest") != manifest_digest:
@@ -226,5 +237,6 @@ def log_kernels(
         },
         tables={TABLE_ARTIFACT: table_rows(rows)},
         marker=marker,
+        recorded=lambda c, experiment_id: recorded_in(c, tracking_uri, experiment_id, tier, rows, cands),
     )
     return record

@@ -7,6 +7,7 @@ import json
 import posixpath
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kb_nano.tracking.store import (
@@ -78,6 +79,7 @@ def log_run(
     tables: dict[str, list[dict]] | None = None,
     lock_timeout_s: float = 600.0,
     marker: Path | None = None,
+    recorded: Callable | None = None,
 ) -> dict:
     """Record one result set as an MLflow run, idempotently.
 
@@ -86,7 +88,12 @@ def log_run(
     there as JSON (atomic; the log rule's output).
 
     If a FINISHED run tagged ``kb_nano.digest = digest`` exists in ``kb_nano/{tier}`` it
-    is returned (``created: False``) and nothing is written. Otherwise a run is created,
+    is returned (``created: False``) and nothing is written. Else, with ``recorded``
+    (called as ``recorded(client, experiment_id)`` under the store lock, returning the
+    ``[{run_id, run_name, rows}]`` of the runs that already hold every row, or ``[]``:
+    :func:`kb_nano.tracking.recorded.recorded_in`), a non-empty answer creates nothing
+    either: the record names the first of those runs (``created: False``) and lists
+    them all under ``recorded_in``. Otherwise a run is created,
     named by the first 12 characters of its id (what ``kb_nano history`` and the CLI
     show), with ``params`` (values truncated to 6000 chars), ``metrics`` (step 0, 1000 per
     ``log_batch`` call), ``tags`` (plus tier and digest), ``artifacts`` (``{artifact dir:
@@ -96,7 +103,8 @@ def log_run(
     concurrent duplicate is resolved by keeping the oldest run.
 
     Returns ``{tier, experiment, experiment_id, run_id, run_name, digest, tracking_uri,
-    artifact_uri, created}``. Raises ``KbNanoError`` for an unreachable server.
+    artifact_uri, created}`` (and ``recorded_in``, see above). Raises ``KbNanoError`` for
+    an unreachable server.
     """
     from kb_nano.files import atomic_write_text
 
@@ -112,6 +120,7 @@ def log_run(
         artifacts=artifacts,
         tables=tables,
         lock_timeout_s=lock_timeout_s,
+        recorded=recorded,
     )
     if marker is not None:
         atomic_write_text(Path(marker), json.dumps(record, indent=1, sort_keys=True) + "\n")
@@ -129,12 +138,14 @@ def _log_run(
     artifacts: dict[str, list[Path]],
     tables: dict[str, list[dict]] | None = None,
     lock_timeout_s: float = 600.0,
+    recorded: Callable | None = None,
 ) -> dict:
     """The MLflow part of :func:`log_run` (what it creates, and when it creates nothing:
     see there).
 
     Returns ``{tier, experiment, experiment_id, run_id, run_name, digest, tracking_uri,
-    artifact_uri, created}``. Raises ``KbNanoError`` for an unreachable server.
+    artifact_uri, created}`` (and ``recorded_in``). Raises ``KbNanoError`` for an
+    unreachable server.
     """
     from mlflow.entities import Metric, Param
 
@@ -145,6 +156,12 @@ def _log_run(
         existing = find_runs_by_digest(c, exp_id, digest)
         if existing:
             return _record(existing[0], tier, exp_name, exp_id, digest, tracking_uri, created=False)
+        holders = recorded(c, exp_id) if recorded is not None else []
+        if holders:  # nothing new measured: the rows are already in these runs
+            first = _retry(c.get_run, holders[0]["run_id"])
+            return _record(first, tier, exp_name, exp_id, digest, tracking_uri, created=False) | {
+                "recorded_in": holders
+            }
         all_tags = {**tags, "kb_nano.tier": tier, DIGEST_TAG: digest}
         if tables:  # what MlflowClient.log_table records: the UI renders these files as tables
             all_tags[LOGGED_ARTIFACTS_TAG] = json.dumps([{"path": f, "type": "table"} for f in tables])

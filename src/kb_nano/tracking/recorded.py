@@ -1,0 +1,175 @@
+"""Which logged runs already hold a result set's measurements.
+
+A row is one measurement of one candidate on one scenario; a row reused from an earlier
+shard keeps its ``created_at``, ``seed`` and ``candidate_sha256``, so two runs holding
+rows equal in those fields hold the same measurement (:func:`same_measurement`;
+``kb_nano history --compare`` marks such rows ``same row``). :func:`recorded_in` finds
+the runs that together hold every row of a result set, each row identical in every field:
+a filtered rerun that measured nothing (every selected shard reused) then logs no run of
+its own (:func:`kb_nano.tracking.kernels.log_kernels`). :func:`run_rows` reads a run's
+merged rows back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from kb_nano.errors import KbNanoError
+from kb_nano.tracking.digest import canonical_rows
+from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, ROWS_ARTIFACT, _retry, metric_name
+
+# Tier -> the fields naming a row (one candidate on one scenario) across runs.
+ROW_KEYS = {"kernels": ("scenario_id", "candidate")}
+# The fields a reused row keeps from the shard that measured it.
+MEASUREMENT_FIELDS = ("created_at", "seed", "candidate_sha256")
+# How far a run's start may precede a row's created_at and still hold it (clocks of the
+# measuring node and the logging host may differ); only narrows the runs searched.
+CLOCK_SLACK = timedelta(hours=1)
+PAGE = 100
+
+
+def same_measurement(a: dict, b: dict) -> bool:
+    """Whether two rows are one measurement (the same shard reused by two runs): the same
+    ``created_at``, ``seed`` and ``candidate_sha256`` (a row without ``created_at`` is
+    never the same as another)."""
+    return bool(a.get("created_at")) and all(a.get(k) == b.get(k) for k in MEASUREMENT_FIELDS)
+
+
+def run_rows(tracking_uri: str, run, what: str = "--compare") -> list[dict]:
+    """The merged rows a run logged (its ``kb_nano.rows_artifact``, e.g.
+    ``results/kernels.json``), downloaded through MLflow. Raises ``KbNanoError`` (starting
+    with ``what``) when the run has no such artifact or it cannot be read."""
+    import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
+
+    tier = run.data.tags.get("kb_nano.tier")
+    path = run.data.tags.get("kb_nano.rows_artifact") or ROWS_ARTIFACT.get(tier or "")
+    if not path:
+        raise KbNanoError(f"{what}: run {run.info.run_id} has no kb-nano rows artifact (tier {tier!r})")
+    with tempfile.TemporaryDirectory(prefix="kb_nano_rows_") as tmp:
+        try:
+            local = mlflow.artifacts.download_artifacts(
+                run_id=run.info.run_id, artifact_path=path, dst_path=tmp, tracking_uri=tracking_uri
+            )
+            return json.loads(Path(local).read_text())["rows"]
+        except (MlflowException, OSError, ValueError, KeyError) as exc:
+            raise KbNanoError(
+                f"{what}: cannot read {path} of run {run.info.run_id}: {' '.join(str(exc).split())[:200]}"
+            ) from None
+
+
+def _created(row: dict) -> datetime | None:
+    try:
+        when = datetime.fromisoformat(str(row.get("created_at")))
+    except ValueError:
+        return None
+    return when if when.tzinfo else None
+
+
+def _canonical(row: dict) -> str:
+    return json.dumps(canonical_rows([row])[0], sort_keys=True, default=str)
+
+
+def _may_hold(run, row: dict, candidate_sha: str | None) -> bool:
+    """A cheap check before downloading a run's rows: a run holding ``row`` lists its
+    target, records the candidate source ``candidate_sha`` (when given), and has a passed
+    row's ``candidate_ms`` metric at the row's value (so runs logged before kb-nano
+    recorded per-row metrics hold no passed row)."""
+    tags, metrics = run.data.tags, run.data.metrics
+    if row.get("target") not in (tags.get("kb_nano.targets") or "").split(","):
+        return False
+    if candidate_sha is not None and tags.get(f"{CANDIDATE_TAG_PREFIX}{row.get('candidate')}") != candidate_sha:
+        return False
+    value = _metric_value(row)
+    return value is None or metrics.get(metric_name("candidate_ms", row["scenario_id"], row["candidate"])) == value
+
+
+def _newest_is_logged(mlflow_client, experiment_id: str, where: str, rows: list[dict]) -> bool:
+    """False when the most recently measured passed row is certainly in no run: no run has
+    its ``candidate_ms`` metric at its value (one query in the store; a row this
+    invocation measured fails it, so a result set with a new row costs no scan of the
+    runs). True when it may be logged or no passed row can be probed."""
+    probes = [r for r in rows if _created(r) is not None and _metric_value(r) is not None]
+    if not probes:
+        return True
+    row = max(probes, key=_created)
+    name = metric_name("candidate_ms", row["scenario_id"], row["candidate"])
+    query = f"{where} and metrics.`{name}` = {row['candidate_ms']!r}"
+    return bool(_retry(mlflow_client.search_runs, [experiment_id], query, max_results=1))
+
+
+def _metric_value(row: dict) -> float | None:
+    """A passed row's ``candidate_ms``, which its run logs as a per-row metric; else None."""
+    value = row.get("candidate_ms")
+    ok = row.get("status") == "passed" and isinstance(value, float) and math.isfinite(value)
+    return value if ok else None
+
+
+def recorded_in(
+    mlflow_client,
+    tracking_uri: str,
+    experiment_id: str,
+    tier: str,
+    rows: list[dict],
+    candidate_hashes: dict[str, str | None] | None = None,
+) -> list[dict]:
+    """The FINISHED runs of ``experiment_id`` that together hold every one of ``rows``
+    identically (every field: a measured row's ``created_at`` and ``seed`` with it, so the
+    same measurement; a row no job measured, such as a scenario the model does not have,
+    with its status and reason), newest first, each as ``{run_id, run_name, rows}``
+    (``rows``: how many of ``rows`` it is named for; a row several runs hold counts for
+    the newest). With ``candidate_hashes`` (``{candidate id: source SHA-256}``) a run
+    holds a row only if it recorded that source for the row's candidate. Empty when
+    some row is in no run, or ``rows`` is empty: the result set then holds something no
+    run records.
+
+    Searches only runs started after the oldest row was measured (less
+    :data:`CLOCK_SLACK`) and downloads a run's rows only when it may hold an outstanding
+    row (its targets and candidate tags, its per-row metrics). Raises ``KbNanoError``
+    when a run's rows cannot be read."""
+    keys = ROW_KEYS[tier]
+    hashes = candidate_hashes or {}
+    need = {tuple(r.get(k) for k in keys): r for r in rows}
+    if not need:
+        return []
+    times = [t for t in (_created(r) for r in need.values()) if t is not None]
+    where = "attributes.status = 'FINISHED'"
+    if times:
+        where += f" and attributes.start_time >= {int((min(times) - CLOCK_SLACK).timestamp() * 1000)}"
+    if not _newest_is_logged(mlflow_client, experiment_id, where, list(need.values())):
+        return []
+    holders: list[dict] = []
+    token = None
+    while True:
+        page = _retry(
+            mlflow_client.search_runs,
+            [experiment_id],
+            where,
+            max_results=PAGE,
+            order_by=["attributes.start_time DESC"],
+            page_token=token,
+        )
+        for run in page:
+            if not any(_may_hold(run, r, hashes.get(r.get("candidate"))) for r in need.values()):
+                continue
+            theirs = {tuple(r.get(k) for k in keys): r for r in run_rows(tracking_uri, run, what="MLflow logging")}
+            held = [
+                k
+                for k, r in need.items()
+                if k in theirs
+                and _may_hold(run, r, hashes.get(r.get("candidate")))
+                and _canonical(theirs[k]) == _canonical(r)
+            ]
+            if held:
+                holders.append({"run_id": run.info.run_id, "run_name": run.info.run_name, "rows": len(held)})
+                for k in held:
+                    del need[k]
+            if not need:
+                return holders
+        token = page.token
+        if not token:
+            return []
