@@ -239,7 +239,7 @@ def print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> N
     """Say which MLflow run the tier's log rule recorded (new, existing, or unchanged), by
     the first 12 characters of its id: the run's name in the MLflow UI, the run column of
     ``kb_nano history`` and what ``history --compare`` takes. A result set logged as no
-    run because earlier runs hold all its rows (the record's ``recorded_in``) names them."""
+    run because an earlier run holds all its rows (the record's ``recorded_in``) names it."""
     from kb_nano.tracking.store import RUN_NAME_CHARS
 
     if not (root / marker).is_file():
@@ -247,17 +247,11 @@ def print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> N
     rec = json.loads((root / marker).read_text())
     run = rec["run_id"][:RUN_NAME_CHARS]
     holders = rec.get("recorded_in") or []
-    if holders:
-        total = sum(h["rows"] for h in holders)
-        names = [h["run_id"][:RUN_NAME_CHARS] for h in holders]
-        where = (
-            f"run {names[0]}"
-            if len(names) == 1
-            else "runs " + ", ".join(f"{n} ({h['rows']} rows)" for n, h in zip(names, holders))
-        )
+    if holders:  # (one run holds every row: kb_nano.tracking.recorded.recorded_in)
         print(
-            f"MLflow: no new run, nothing new was measured: all {total} rows are already recorded in {where} "
-            f"in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`"
+            f"MLflow: no new run, nothing new was measured: all {holders[0]['rows']} rows are already recorded in "
+            f"run {holders[0]['run_id'][:RUN_NAME_CHARS]} in {rec['experiment']} ({rec['tracking_uri']}); "
+            "see `kb_nano history`"
         )
         return
     if (root / marker).stat().st_mtime_ns == marker_before:

@@ -4,8 +4,8 @@ A row is one measurement of one candidate on one scenario; a row reused from an 
 shard keeps its ``created_at``, ``seed`` and ``candidate_sha256``, so two runs holding
 rows equal in those fields hold the same measurement (:func:`same_measurement`;
 ``kb_nano history --compare`` marks such rows ``same row``). :func:`recorded_in` finds
-the runs that together hold every row of a result set, each row identical in every field:
-a filtered rerun that measured nothing (every selected shard reused) then logs no run of
+the run that holds every row of a result set, each row identical in every field: a
+filtered rerun that measured nothing (every selected shard reused) then logs no run of
 its own (:func:`kb_nano.tracking.kernels.log_kernels`). :func:`run_rows` reads a run's
 merged rows back.
 """
@@ -117,15 +117,15 @@ def recorded_in(
     rows: list[dict],
     candidate_hashes: dict[str, str | None] | None = None,
 ) -> list[dict]:
-    """The FINISHED runs of ``experiment_id`` that together hold every one of ``rows``
+    """The newest FINISHED run of ``experiment_id`` that holds every one of ``rows``
     identically (every field: a measured row's ``created_at`` and ``seed`` with it, so the
     same measurement; a row no job measured, such as a scenario the model does not have,
-    with its status and reason), newest first, each as ``{run_id, run_name, rows}``
-    (``rows``: how many of ``rows`` it is named for; a row several runs hold counts for
-    the newest). With ``candidate_hashes`` (``{candidate id: source SHA-256}``) a run
-    holds a row only if it recorded that source for the row's candidate. Empty when
-    some row is in no run, or ``rows`` is empty: the result set then holds something no
-    run records.
+    with its status and reason), as a one-item list ``[{run_id, run_name, rows}]``
+    (``rows``: how many rows). With ``candidate_hashes`` (``{candidate id: source
+    SHA-256}``) a run holds a row only if it recorded that source for the row's
+    candidate. Empty when no single run holds them all, or ``rows`` is empty: a result
+    set whose rows are spread over several runs (a full sweep after a filtered rerun) is
+    a combination no run records, and is logged as a run of its own.
 
     Searches only runs started after the oldest row was measured (less
     :data:`CLOCK_SLACK`) and downloads a run's rows only when it may hold an outstanding
@@ -142,7 +142,6 @@ def recorded_in(
         where += f" and attributes.start_time >= {int((min(times) - CLOCK_SLACK).timestamp() * 1000)}"
     if not _newest_is_logged(mlflow_client, experiment_id, where, list(need.values())):
         return []
-    holders: list[dict] = []
     token = None
     while True:
         page = _retry(
@@ -154,22 +153,16 @@ def recorded_in(
             page_token=token,
         )
         for run in page:
-            if not any(_may_hold(run, r, hashes.get(r.get("candidate"))) for r in need.values()):
+            if not all(_may_hold(run, r, hashes.get(r.get("candidate"))) for r in need.values()):
                 continue
             theirs = {tuple(r.get(k) for k in keys): r for r in run_rows(tracking_uri, run, what="MLflow logging")}
-            held = [
-                k
-                for k, r in need.items()
-                if k in theirs
+            if all(
+                k in theirs
                 and _may_hold(run, r, hashes.get(r.get("candidate")))
                 and _canonical(theirs[k]) == _canonical(r)
-            ]
-            if held:
-                holders.append({"run_id": run.info.run_id, "run_name": run.info.run_name, "rows": len(held)})
-                for k in held:
-                    del need[k]
-            if not need:
-                return holders
+                for k, r in need.items()
+            ):
+                return [{"run_id": run.info.run_id, "run_name": run.info.run_name, "rows": len(need)}]
         token = page.token
         if not token:
             return []
