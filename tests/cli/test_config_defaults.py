@@ -99,6 +99,7 @@ EMBEDDED = {
         "models": [],
         "tp": [1, 4],
         "categories": [],
+        "workloads": [],
         "candidates": [],
         "num_prompts": 1000,
         "gpu_pool": 8,

@@ -70,6 +70,21 @@ def _eval_config(**ev) -> dict:
     return config
 
 
+def test_a_subset_of_workloads_runs_with_the_whole_sweeps_engine():
+    """`--workload balanced single-request` plans those two (smoke or not) with the engine
+    settings of the whole sweep, so their rows are the whole sweep's; an unknown name is
+    one line with the known ones."""
+    whole = eval_plan.plan(REPO, _eval_config(smoke=True))
+    part = eval_plan.plan(REPO, _eval_config(smoke=True, workloads=["single-request", "balanced.smoke"]))
+    assert list(part["workloads"]) == ["balanced.smoke", "single-request.smoke"]  # the sweep's order
+    assert part["engine"] == whole["engine"] and part["max_model_len"] == whole["max_model_len"] == 96
+    assert set(tier_jobs.shard_paths("eval", part)) < set(tier_jobs.shard_paths("eval", whole))
+    with pytest.raises(
+        KbNanoError, match=r"--workload balance: not a standard eval workload \(did you mean 'balanced'"
+    ):
+        eval_plan.plan(REPO, _eval_config(workloads=["balance"]))
+
+
 def test_smoke_plan_runs_one_pair_eagerly_and_skips_what_one_cpu_engine_cannot_run():
     plan = eval_plan.plan(REPO, _eval_config(smoke=True, tp=[1, 2], pairs=3))
     assert list(plan["models"]) == ["tiny-llama"]  # smoke without eval.models: the tiny Llama
@@ -133,6 +148,7 @@ def test_eval_section_defaults_come_from_the_schema(tmp_path):
         "models": [],
         "tp": [1, 4],
         "categories": [],
+        "workloads": [],
         "candidates": ["rms_norm/torch_fused"],
         "num_prompts": 1000,
         "gpu_pool": 8,
@@ -251,16 +267,20 @@ def test_eval_tables_fit_the_terminal(monkeypatch, capsys, columns):
 def test_eval_smoke_on_cpu_runs_every_workload_and_prints_the_ratios(tmp_path):
     pytest.importorskip("vllm")
     work = copy_workflow(tmp_path)
-    out = kb_nano(work, "eval", "--smoke", "--candidate", "rms_norm/torch_fused")
+    # two of the five workloads, one of each kind (every workload is planned:
+    # test_smoke_plan_runs_one_pair_eagerly_and_skips_what_one_cpu_engine_cannot_run)
+    out = kb_nano(
+        work, "eval", "--smoke", "--candidate", "rms_norm/torch_fused", "--workload", "balanced", "single-request"
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     doc = json.loads((work / "results/eval.json").read_text())
     rows = pd.read_parquet(work / "results/eval.parquet")
     ran = rows[rows["status"] != "skipped"]
-    assert len(ran) == 10 and set(ran["status"]) == {"ok"}, ran[["workload", "variant", "status", "error"]]
-    assert set(ran["workload"]) == {w.name for w in eval_plan.workloads(smoke=True)}
+    assert len(ran) == 4 and set(ran["status"]) == {"ok"}, ran[["workload", "variant", "status", "error"]]
+    assert set(ran["workload"]) == {"balanced.smoke", "single-request.smoke"}
     assert set(ran["variant"]) == {"baseline", "rms_norm.torch_fused"}
     skipped = rows[rows["status"] == "skipped"]
-    assert len(skipped) == 10 and set(skipped["tp"]) == {4}  # tp 4 on a CPU, with the reason
+    assert len(skipped) == 4 and set(skipped["tp"]) == {4}  # tp 4 on a CPU, with the reason
     summary = doc["summary"]["per_workload"]
     assert all(s["n"] == 1 and s["geomean"] > 0 for s in summary.values()), summary
     assert "kb-nano eval: candidate / baseline per workload" in out.stdout

@@ -76,6 +76,7 @@ EVAL = (
     Flag("--tp", "eval.tp", TP),
     Flag("--category", "eval.categories"),
     Flag("--candidate", "eval.candidates", ("--candidates",)),
+    Flag("--workload", "eval.workloads"),
     *same("num_prompts gpu_pool seed output_json", "eval"),
     Flag("--smoke", "eval.smoke", store_true=True),
     Flag("--device", "eval.device"),

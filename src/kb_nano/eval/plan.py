@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kb_nano.e2e.workloads import Workload
-from kb_nano.errors import KbNanoError
+from kb_nano.errors import KbNanoError, did_you_mean
 
 EVAL_WORKLOADS = (
     Workload(name="prefill-heavy", kind="throughput", random_input_len=1024, random_output_len=512, num_prompts=1000),
@@ -98,6 +98,20 @@ def workloads(num_prompts: int = DEFAULT_NUM_PROMPTS, smoke: bool = False) -> li
             )
         )
     return out
+
+
+def select_workloads(works: list[Workload], names: list[str]) -> list[Workload]:
+    """The workloads named in ``names`` (``eval.workloads``, ``--workload``; without the
+    ``.smoke`` suffix), in the sweep's order; all of them when ``names`` is empty. Raises
+    ``KbNanoError`` naming an unknown workload and the known ones."""
+    known = [w.name.removesuffix(SMOKE_SUFFIX) for w in works]
+    for name in names:
+        if name.removesuffix(SMOKE_SUFFIX) not in known:
+            raise KbNanoError(
+                f"--workload {name}: not a standard eval workload{did_you_mean(name, known)}; known: {', '.join(known)}"
+            )
+    wanted = {n.removesuffix(SMOKE_SUFFIX) for n in names}
+    return [w for w, k in zip(works, known) if not wanted or k in wanted]
 
 
 def max_model_len(works: list[Workload]) -> int:
@@ -205,7 +219,8 @@ def plan(root: Path, config: dict) -> dict:
 
     ev = config["eval"]
     dev = device(config)
-    works = workloads(int(ev["num_prompts"]), bool(ev["smoke"]))
+    every = workloads(int(ev["num_prompts"]), bool(ev["smoke"]))
+    works = select_workloads(every, ev["workloads"])
     specs = default_models(root, config, dev)
     models = {}
     for spec in specs:
@@ -223,7 +238,7 @@ def plan(root: Path, config: dict) -> dict:
             else:
                 tps[key].append(int(tp))
     cands = candidates(root, config, dev, specs)
-    longest = max_model_len(works)
+    longest = max_model_len(every)  # (a subset runs the engine the whole sweep runs)
     return {
         "device": dev,
         "models": models,
