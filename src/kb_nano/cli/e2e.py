@@ -9,7 +9,7 @@ from pathlib import Path
 from kb_nano import gpus
 from kb_nano.cli import flags
 from kb_nano.cli.config import base_config, preflight
-from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
+from kb_nano.cli.snakemake import print_mlflow_record, read_marker, run_snakemake, snakemake_action, workflow_failed
 from kb_nano.config import DEFAULT_CONFIG
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
@@ -65,7 +65,7 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
     preflight(root, base, {"e2e": e2e}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
     output_json = e2e["output_json"]
     marker = marker_path("e2e")
-    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    marker_before = read_marker(root, marker)
     code = run_snakemake(root, ["results/e2e.parquet", output_json, marker], {"e2e": e2e}, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "e2e")
@@ -119,7 +119,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
     if plan["device"] == "cuda" and args.dry_run and "--resources" not in passthrough:
         passthrough = [*passthrough, "--resources", f"gpu={ev['gpu_pool']}"]
     marker = marker_path("eval")
-    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    marker_before = read_marker(root, marker)
     code = run_snakemake(root, ["results/eval.parquet", ev["output_json"], marker], {"eval": ev}, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "eval")
