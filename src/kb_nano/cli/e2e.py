@@ -62,7 +62,7 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
     root = find_workflow_root()
     base = base_config(root, args.configfile)
     e2e = _e2e_overrides(args, root, base)
-    preflight(root, base, {"e2e": e2e}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
+    preflight(root, base, {"e2e": e2e}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run, tier="e2e")
     output_json = e2e["output_json"]
     marker = marker_path("e2e")
     marker_before = read_marker(root, marker)
@@ -102,7 +102,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
         if visible:  # the configured pool (default 8), capped by the GPUs this host has
             ev["gpu_pool"] = min(int(ev["gpu_pool"]), visible)
     # one-line errors before Snakemake starts: the schema first (tp >= 1, ...), then the plan
-    preflight(root, base, {"eval": ev}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
+    preflight(root, base, {"eval": ev}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run, tier="eval")
     plan = eval_plan.plan(root, {**base, "eval": ev})
     if not args.dry_run and vllm_version() is None:
         raise KbNanoError(

@@ -99,7 +99,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     if args.list:
         return cmd_list(args, root, base)
     config = config_overrides(args, root, base)
-    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
     check_dirs(root, kbw.kernel_job_dirs(kbw.candidates(root, effective), effective))
     ignored = kbw.cpu_ignored(root, effective)
     if ignored:
@@ -178,7 +178,7 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
     root = find_workflow_root()
     base = base_config(root, args.configfile)
     config = config_overrides(args, root, base)
-    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG), dry_run=True)
     # The Snakefile computes the manifest while parsing (workflow/rules/inputs.smk): a quiet
     # dry run of the kernel sweep parses it and builds nothing.
     args.dry_run, dry_run = True, args.dry_run
