@@ -10,6 +10,23 @@ class KbNanoError(Exception):
     """
 
 
+class ConfigError(KbNanoError):
+    """A bad value of the config key ``key`` (dotted for a section's key: ``e2e.output_json``).
+
+    ``detail`` says what is wrong, led by the value where there is one
+    (``results/kernels/x.json: that path belongs to ...``); the message is
+    ``config <key>: <detail>`` (what the Snakefile reports), and the CLI names the flag or
+    the config file that set the key instead (:func:`kb_nano.cli.config.preflight`).
+    """
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"config {key}: {detail}")
+        self.key, self.detail = key, detail
+
+    def __reduce__(self):
+        return type(self), (self.key, self.detail)
+
+
 def did_you_mean(name: str, known) -> str:
     """``" (did you mean 'x'?)"`` for the closest of ``known`` to a mistyped ``name``, else
     ``""``: ``difflib``'s similarity ratio >= 0.6 against each known name or against its

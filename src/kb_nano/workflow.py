@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kb_nano import operators
 from kb_nano.candidates import CandidateRef, discover
-from kb_nano.errors import KbNanoError
+from kb_nano.errors import ConfigError, did_you_mean
 from kb_nano.models.configs import INDEX_FILE, check_config_file, resolve
 from kb_nano.paths import PACKAGE_DIR
 
@@ -58,9 +58,14 @@ GOLDEN_MODULES = ("models/golden_inputs.py", "models/golden.py")
 
 
 def check_config(config: dict) -> None:
-    """Check the filter fields against the registry; raises ``KbNanoError`` (one line)."""
+    """Check the filter fields against the registry and that the tolerances, limits and
+    roofline peaks are finite; raises :class:`~kb_nano.errors.ConfigError` naming the key."""
     for name in config.get("targets") or []:
-        operators.check_target(name, where="config targets")
+        if name not in operators.CATALOG:
+            known = ", ".join(operators.CATALOG)
+            raise ConfigError(
+                "targets", f"unknown target {name!r}{did_you_mean(name, operators.CATALOG)}; known: {known}"
+            )
     import math
 
     numbers = {
@@ -69,16 +74,17 @@ def check_config(config: dict) -> None:
     numbers.update({f"roofline.{k}": v for k, v in config["roofline"].items()})
     for key, value in numbers.items():
         if isinstance(value, (int, float)) and not math.isfinite(value):
-            raise KbNanoError(f"config {key}: {value} is not a finite number")
+            raise ConfigError(key, f"{value} is not a finite number")
     categories = {e.category for e in operators.CATALOG.values()}
     for cat in config["categories"]:
         if cat not in categories:
-            raise KbNanoError(f"config categories: unknown category {cat!r}; known: {', '.join(sorted(categories))}")
+            raise ConfigError("categories", f"unknown category {cat!r}; known: {', '.join(sorted(categories))}")
 
 
 def candidates(root: Path, config: dict) -> list[CandidateRef]:
     """Discovered candidates, narrowed by ``config['candidates']`` (ids or id prefixes).
-    Raises ``KbNanoError`` when a requested id matches nothing."""
+    Raises :class:`~kb_nano.errors.ConfigError` (key ``candidates``) when a requested id
+    matches nothing."""
     found = discover(root)
     wanted = config["candidates"]
     if not wanted:
@@ -87,9 +93,9 @@ def candidates(root: Path, config: dict) -> list[CandidateRef]:
     for want in wanted:
         hits = [c for c in found if c.id == want or c.id.startswith(want)]
         if not hits:
-            raise KbNanoError(
-                f"config candidates: {want!r} matches no file candidates/{{target}}/{{name}}.py; "
-                f"known: {', '.join(c.id for c in found)}"
+            raise ConfigError(
+                "candidates",
+                f"{want!r} matches no file candidates/{{target}}/{{name}}.py; known: {', '.join(c.id for c in found)}",
             )
         chosen += [c for c in hits if c not in chosen]
     return sorted(chosen, key=lambda c: c.id)

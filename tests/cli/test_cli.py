@@ -352,7 +352,7 @@ def test_generate_inputs_reports_not_applicable_tp(work):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--atol", "nan"], "atol: nan is not a finite number"),
+        (["--atol", "nan"], "error: --atol nan is not a finite number"),
         (["--device", "cuda"], "no NVIDIA GPU is visible here"),
         (["--output-json", "results/mlflow/kernels.json"], "belongs to another kb-nano output"),
         (["--output-json", "/proc/nope/x.json"], "is not writable"),

@@ -106,3 +106,16 @@ def test_the_cli_says_which_file_stops_its_own_writes(monkeypatch, capsys, tmp_p
     monkeypatch.setattr(parser, "cmd_history", writes)
     assert parser.main(["history"]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path}/f: is a file, {FIX}\n"
+
+
+def test_an_output_json_error_names_the_flag_or_the_file_that_set_it(work, tmp_path):
+    """(kb_nano.checks: the same check as the Snakefile's, the key mapped back to its origin)"""
+    _clear(work)
+    why = "that path belongs to another kb-nano output; pick another"
+    out = kb_nano(work, "eval", "--output-json", "results/kernels/x.json", "--dry-run")
+    assert out.returncode == 2 and out.stderr == f"error: --output-json results/kernels/x.json: {why}\n", out.stderr
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text("eval:\n  output_json: results/kernels/x.json\n")
+    out = kb_nano(work, "eval", "--configfile", str(cfg), "--dry-run")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == f"error: {cfg}: eval.output_json: results/kernels/x.json: {why}\n", out.stderr

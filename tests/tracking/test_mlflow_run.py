@@ -109,6 +109,37 @@ def test_run_name_is_the_id_the_cli_and_history_show(two_runs, tmp_path, capsys)
     assert len(cmp["rows"]) == 4
 
 
+def test_the_cli_tells_a_rerun_of_the_log_rule_by_the_markers_record(tmp_path, capsys):
+    """The marker's record, read before Snakemake runs and after it, says whether the log
+    rule ran: each run of the rule writes a new ``logged_at``; the file's mtime plays no
+    part (a touched or copied marker is not a new record, a rewritten one with an old
+    mtime is)."""
+    import os
+
+    from kb_nano.cli.snakemake import print_mlflow_record, read_marker
+
+    uri = tracking.default_tracking_uri(tmp_path)
+    kwargs = result_set(tmp_path / "w", ROWS)
+    marker = kwargs["marker"]
+    root, rel = tmp_path / "w", "results/mlflow/kernels.json"
+    assert read_marker(root, rel) is None
+    first = tracking.log_kernels(**kwargs, tracking_uri=uri)
+    before = read_marker(root, rel)
+    assert before["run_id"] == first["run_id"] and before["logged_at"].endswith("+00:00")
+    os.utime(marker, ns=(10**18, 10**18))  # touched, not rewritten: the rule did not run
+    print_mlflow_record(root, rel, before)
+    assert f"MLflow: nothing changed since run {first['run_name']} in kb_nano/kernels" in capsys.readouterr().out
+
+    again = tracking.log_kernels(**kwargs, tracking_uri=uri)  # the rule ran again on the same inputs
+    assert not again["created"] and again["run_id"] == first["run_id"]
+    assert read_marker(root, rel)["logged_at"] != before["logged_at"]
+    os.utime(marker, ns=(10**18, 10**18))  # (the mtime the marker had before)
+    print_mlflow_record(root, rel, before)
+    assert f"MLflow: inputs unchanged, existing run {first['run_name']}" in capsys.readouterr().out
+    print_mlflow_record(root, rel, None)  # no marker before the run
+    assert "inputs unchanged, existing run" in capsys.readouterr().out
+
+
 def test_an_older_runs_ui_name_works_in_compare(two_runs):
     uri, (a, b) = two_runs
     tracking.client(uri).update_run(a["run_id"], name="kernels-0123456789ab")  # named as runs once were

@@ -8,16 +8,18 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from kb_nano.kernels import job as kernel_job
+from kb_nano import checks
 from kb_nano import workflow as kbw
 from kb_nano.errors import KbNanoError
-from kb_nano.files import OUTPUT_DIRS, check_dirs
+from kb_nano.files import check_dirs
 from kb_nano.interrupts import watch as watch_interrupts
 
 ENV = "../../envs/kb_nano.yaml"
 
 try:
-    kbw.check_config(config)
-    check_dirs(Path("."), OUTPUT_DIRS)  # before inputs.smk writes the manifest
+    # the checks `kb_nano` runs before it starts Snakemake (kb_nano.checks), so a bad config
+    # gets the same one line here; before inputs.smk writes the manifest
+    checks.check_effective(Path("."), config)
     MANIFEST = kbw.manifest_path(
         config
     )  # one file per selection (targets, models, tp, ...)
@@ -31,6 +33,31 @@ if workflow.is_main_process:
 
 SETTINGS = kbw.settings(Path("."), config)
 CANDIDATES_BY_ID = {c.id: c for c in CANDIDATES}
+
+
+def kb_errors(fn):
+    """``fn`` with a KbNanoError raised as Snakemake's WorkflowError (one line, no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KbNanoError as exc:
+            raise WorkflowError(f"kb-nano: {exc}") from None
+
+    return wrapped
+
+
+@functools.cache
+@kb_errors
+def host_checked(tier):
+    """The checks of kb_nano.checks.check_host for ``tier`` (a GPU for a cuda device when its
+    jobs run here, the MLflow server), once, as the DAG plans the tier's jobs: in the main
+    Snakemake process only (a cluster job's re-parse needs neither), when the executor is
+    known (a dry run or a cluster executor runs no job of the tier on this host)."""
+    if workflow.is_main_process:
+        here = workflow.local_exec and not workflow.dryrun and not workflow.touch
+        checks.check_host(Path("."), config, tier, jobs_here=here)
 
 
 def manifest_data():
@@ -58,6 +85,7 @@ def selected():
 
 
 def kernel_shards(wildcards):
+    host_checked("kernels")
     jobs, _ = selected()
     return [kbw.shard_path(s["scenario_id"], c) for s, c in jobs]
 
@@ -78,6 +106,8 @@ def _target_inputs(target):
 
 
 def kernel_job_inputs(wildcards):
+    # (also here: a shard asked for as a target evaluates no kernel_shards)
+    host_checked("kernels")
     return {
         "candidate": f"candidates/{wildcards.target}/{wildcards.name}.py",
         **_target_inputs(wildcards.target),
@@ -129,23 +159,11 @@ ENV_E2E = "../../envs/kb_nano_e2e.yaml"
 TIER_PLANS = {"e2e": e2e_plan.plan, "eval": eval_plan.plan}
 
 
-def kb_errors(fn):
-    """``fn`` with a KbNanoError raised as Snakemake's WorkflowError (one line, no traceback)."""
-
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except KbNanoError as exc:
-            raise WorkflowError(f"kb-nano: {exc}") from None
-
-    return wrapped
-
-
 @functools.lru_cache(maxsize=2)
 @kb_errors
 def tier_plan(tier):
     """The plan of tier ``e2e`` (kb_nano.e2e.plan.plan) or ``eval`` (kb_nano.eval.plan.plan)."""
+    host_checked(tier)
     return TIER_PLANS[tier](Path("."), config)
 
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from pathlib import Path
 
-from kb_nano import gpus, operators
-from kb_nano import workflow as kbw
+from kb_nano import operators
+from kb_nano.checks import check_effective
 from kb_nano.cli import flags
 from kb_nano.config import first_error, load
-from kb_nano.errors import KbNanoError, did_you_mean
-from kb_nano.files import OUTPUT_DIRS, blocking_file, check_dirs, not_a_directory
+from kb_nano.errors import ConfigError, KbNanoError, did_you_mean
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -71,11 +69,15 @@ def config_overrides(args, root: Path, base: dict) -> dict:
     return cfg
 
 
-def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: bool = False) -> dict:
-    """Check the effective config before Snakemake starts, so bad input gets one line:
-    schema (``workflow/schemas/config.schema.yaml``), targets/categories, candidate files,
-    models, output paths of every tier, files where kb-nano writes directories
-    (:func:`kb_nano.files.check_dirs`), a GPU for ``cuda`` (not needed for a ``dry_run``).
+def preflight(
+    root: Path, base: dict, overrides: dict, source: str, dry_run: bool = False, tier: str = "kernels"
+) -> dict:
+    """Check the effective config (``base`` with the flags' ``overrides``) before Snakemake
+    starts, so bad input gets one line: the schema (``workflow/schemas/config.schema.yaml``),
+    then the checks the Snakefile runs too (:func:`kb_nano.checks.check_effective`: filters,
+    candidates, models, files where kb-nano writes directories, every tier's output path;
+    for ``tier``, a GPU for ``cuda`` unless ``dry_run``, and the MLflow server). An error
+    about a config key names the flag that set it, else the config file ``source``.
     Returns the effective config. Raises ``KbNanoError``."""
     config = {**base, **overrides}
     error = first_error(config, root)
@@ -94,67 +96,25 @@ def preflight(root: Path, base: dict, overrides: dict, source: str, dry_run: boo
                 hint = f" (YAML reads {error.instance} as a string; write it with a decimal point, e.g. 5.0e3)"
         raise KbNanoError(f"{origin}: {where}: {error.message}{hint}")
     try:
-        kbw.check_config(config)
-    except KbNanoError as exc:  # "config KEY: ..." -> the flag or the file that set KEY
-        message = str(exc).removeprefix("config ")
-        key = message.split(":", 1)[0].split(".")[0]
-        raise KbNanoError(f"{flags.FLAG_FOR_KEY.get(key, key) if key in overrides else source}: {message}") from None
-    kbw.candidates(root, config)
-    kbw.model_config_files(root, config)
-    if str(config["device"]).startswith("cuda") and not gpus.pool():
-        raise KbNanoError(f"device {config['device']!r}: no NVIDIA GPU is visible here; use --device auto or cpu")
-    check_dirs(root, OUTPUT_DIRS)  # a file named like one of them: one line, before anything is written
-    for tier, where in (("kernels", config), ("e2e", config["e2e"]), ("eval", config["eval"])):
-        _check_output_json(root, where["output_json"], tier, config)
-    for section in ("e2e", "eval"):
-        dev = (overrides.get(section) or {}).get("device")
-        if dev == "cuda" and not gpus.pool() and not dry_run:  # planning needs no GPU
-            raise KbNanoError("--device cuda: no NVIDIA GPU is visible here; use --device auto or cpu")
-    from kb_nano.tracking import check_reachable, is_server, resolve_tracking_uri
-
-    uri = resolve_tracking_uri(root, config)
-    if is_server(uri):
-        check_reachable(uri)
+        check_effective(root, config, tiers=(tier,), host=True, jobs_here=not dry_run)
+    except ConfigError as exc:  # "config KEY: DETAIL" -> the flag or the file that set KEY
+        flag = _flag_that_set(exc.key, base, overrides)
+        raise KbNanoError(f"{flag} {exc.detail}" if flag else f"{source}: {exc.key}: {exc.detail}") from None
     return config
 
 
-def _check_output_json(root: Path, output_json: str, tier: str = "kernels", config: dict | None = None) -> None:
-    """The merged JSON of ``tier`` must land in a writable place that no other output
-    uses: not a file of the workflow itself (only under ``results/`` or outside the
-    workflow directory), not another tier's JSON or any Parquet/manifest/MLflow output,
-    not a directory. Raises ``KbNanoError`` (one line)."""
-    path = Path(output_json) if Path(output_json).is_absolute() else root / output_json
-    real, results = path.resolve(), (root / "results").resolve()
-    others = {
-        t: (c or {}).get("output_json")
-        for t, c in (("kernels", config), ("e2e", (config or {}).get("e2e")), ("eval", (config or {}).get("eval")))
-        if t != tier
-    }
-    reserved = {root / f"results/{t}.parquet" for t in ("kernels", "e2e", "eval")}
-    reserved |= {root / o for o in others.values() if o}
-    reserved |= {root / f"results/{t}.json" for t in ("kernels", "e2e", "eval") if t != tier}
-    owned = ("mlflow", "inputs", "golden", "kernels", "e2e", "eval", "logs", "plots", "mlflow-artifacts", ".locks")
-    if real in {p.resolve() for p in reserved} or any(
-        (results / d) == real or (results / d) in real.parents for d in owned
-    ):
-        raise KbNanoError(f"--output-json {output_json}: that path belongs to another kb-nano output; pick another")
-    if root.resolve() in real.parents and results not in real.parents:
-        raise KbNanoError(
-            f"--output-json {output_json}: inside the workflow directory but not under results/; "
-            "it could overwrite a workflow file; pick a path under results/ or outside the workflow"
-        )
-    if path.is_dir():
-        raise KbNanoError(f"--output-json {output_json}: is a directory; give a file path ending in .json")
-    blocker = blocking_file(path.parent)
-    if blocker is not None:
-        raise KbNanoError(f"--output-json {output_json}: {not_a_directory(blocker, root)}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KbNanoError(
-            f"--output-json {output_json}: {path.parent} is not writable ({exc.strerror}); pick another path"
-        ) from None
-    if not os.access(path.parent, os.W_OK):
-        raise KbNanoError(f"--output-json {output_json}: {path.parent} is not writable; pick another path")
-    if "{" in output_json or "}" in output_json:
-        raise KbNanoError(f"--output-json {output_json}: braces are Snakemake wildcards; use a plain path")
+def _flag_that_set(key: str, base: dict, overrides: dict) -> str | None:
+    """The flag that set the dotted config ``key`` in ``overrides`` (a section's key when
+    the override changed it from ``base``, the whole section being an override), or None
+    when the config file set it."""
+    top, _, rest = key.partition(".")
+    if top not in overrides:
+        return None
+    if rest:
+        given, before = overrides[top], base.get(top)
+        for part in rest.split("."):
+            given = given.get(part) if isinstance(given, dict) else None
+            before = before.get(part) if isinstance(before, dict) else None
+        if given == before:
+            return None
+    return flags.FLAG_FOR_KEY.get(key, key)

@@ -9,7 +9,7 @@ from pathlib import Path
 from kb_nano import gpus
 from kb_nano.cli import flags
 from kb_nano.cli.config import base_config, preflight
-from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
+from kb_nano.cli.snakemake import print_mlflow_record, read_marker, run_snakemake, snakemake_action, workflow_failed
 from kb_nano.config import DEFAULT_CONFIG
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
@@ -62,10 +62,10 @@ def cmd_e2e(args, passthrough: list[str]) -> int:
     root = find_workflow_root()
     base = base_config(root, args.configfile)
     e2e = _e2e_overrides(args, root, base)
-    preflight(root, base, {"e2e": e2e}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
+    preflight(root, base, {"e2e": e2e}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run, tier="e2e")
     output_json = e2e["output_json"]
     marker = marker_path("e2e")
-    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    marker_before = read_marker(root, marker)
     code = run_snakemake(root, ["results/e2e.parquet", output_json, marker], {"e2e": e2e}, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "e2e")
@@ -102,7 +102,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
         if visible:  # the configured pool (default 8), capped by the GPUs this host has
             ev["gpu_pool"] = min(int(ev["gpu_pool"]), visible)
     # one-line errors before Snakemake starts: the schema first (tp >= 1, ...), then the plan
-    preflight(root, base, {"eval": ev}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
+    preflight(root, base, {"eval": ev}, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run, tier="eval")
     plan = eval_plan.plan(root, {**base, "eval": ev})
     if not args.dry_run and vllm_version() is None:
         raise KbNanoError(
@@ -119,7 +119,7 @@ def cmd_eval(args, passthrough: list[str]) -> int:
     if plan["device"] == "cuda" and args.dry_run and "--resources" not in passthrough:
         passthrough = [*passthrough, "--resources", f"gpu={ev['gpu_pool']}"]
     marker = marker_path("eval")
-    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    marker_before = read_marker(root, marker)
     code = run_snakemake(root, ["results/eval.parquet", ev["output_json"], marker], {"eval": ev}, args, passthrough)
     if code != 0:
         return workflow_failed(root, code, "eval")

@@ -84,8 +84,9 @@ EVAL = (
     Flag("--timeout-s", "eval.timeout_s"),
 )
 
-# config key -> the flag that sets it, for errors about a top-level key an override set
-FLAG_FOR_KEY = {f.key: f.flag for f in (*KERNELS, *CAPTURE_GOLDEN) if "." not in f.key}
+# config key -> the flag that sets it, for errors about a key an override set (top-level,
+# or dotted for a key of a section: e2e.output_json -> --output-json of `kb_nano e2e`)
+FLAG_FOR_KEY = {f.key: f.flag for f in (*KERNELS, *CAPTURE_GOLDEN, *E2E, *EVAL)}
 
 
 def workload_flags(kind: str) -> tuple[Flag, ...]:

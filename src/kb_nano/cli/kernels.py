@@ -12,7 +12,7 @@ from pathlib import Path
 from kb_nano import operators
 from kb_nano import workflow as kbw
 from kb_nano.cli.config import base_config, config_overrides, preflight, select_models
-from kb_nano.cli.snakemake import print_mlflow_record, run_snakemake, snakemake_action, workflow_failed
+from kb_nano.cli.snakemake import print_mlflow_record, read_marker, run_snakemake, snakemake_action, workflow_failed
 from kb_nano.config import DEFAULT_CONFIG
 from kb_nano.errors import KbNanoError
 from kb_nano.files import check_dirs
@@ -99,7 +99,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     if args.list:
         return cmd_list(args, root, base)
     config = config_overrides(args, root, base)
-    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG), dry_run=args.dry_run)
     check_dirs(root, kbw.kernel_job_dirs(kbw.candidates(root, effective), effective))
     ignored = kbw.cpu_ignored(root, effective)
     if ignored:
@@ -119,7 +119,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
         return 2
     started_at = datetime.now(UTC).isoformat(timespec="seconds")  # rows created since: measured by this run
     marker = marker_path("kernels")
-    marker_before = (root / marker).stat().st_mtime_ns if (root / marker).is_file() else None
+    marker_before = read_marker(root, marker)
     start_manifest(root, effective)
     # kernels_measured: every selected shard, so a deleted one is measured again
     targets = ["results/kernels.parquet", output_json, marker, "kernels_measured"]
@@ -178,7 +178,7 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
     root = find_workflow_root()
     base = base_config(root, args.configfile)
     config = config_overrides(args, root, base)
-    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
+    effective = preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG), dry_run=True)
     # The Snakefile computes the manifest while parsing (workflow/rules/inputs.smk): a quiet
     # dry run of the kernel sweep parses it and builds nothing.
     args.dry_run, dry_run = True, args.dry_run

@@ -235,16 +235,30 @@ def stop_group(proc: subprocess.Popen, first: signal.Signals, grace_s: float, th
         proc.wait()
 
 
-def print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> None:
+def read_marker(root: Path, marker: str) -> dict | None:
+    """The record the tier's log rule wrote at ``marker`` (relative to ``root``:
+    :func:`kb_nano.tracking.marker_path`), or None when there is none (or it is not a JSON
+    record). Read before and after Snakemake runs, it says whether the rule ran: each
+    run writes a new ``logged_at`` (:func:`kb_nano.tracking.runs.log_run`)."""
+    try:
+        rec = json.loads((root / marker).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def print_mlflow_record(root: Path, marker: str, marker_before: dict | None) -> None:
     """Say which MLflow run the tier's log rule recorded (new, existing, or unchanged), by
     the first 12 characters of its id: the run's name in the MLflow UI, the run column of
-    ``kb_nano history`` and what ``history --compare`` takes. A result set logged as no
-    run because an earlier run holds all its rows (the record's ``recorded_in``) names it."""
+    ``kb_nano history`` and what ``history --compare`` takes. ``marker_before`` is the
+    marker's record before Snakemake ran (:func:`read_marker`): the same record now means
+    the rule did not run ("nothing changed since run"). A result set logged as no run
+    because an earlier run holds all its rows (the record's ``recorded_in``) names it."""
     from kb_nano.tracking.store import RUN_NAME_CHARS
 
-    if not (root / marker).is_file():
+    rec = read_marker(root, marker)
+    if rec is None:
         return
-    rec = json.loads((root / marker).read_text())
     run = rec["run_id"][:RUN_NAME_CHARS]
     holders = rec.get("recorded_in") or []
     if holders:  # (one run holds every row: kb_nano.tracking.recorded.recorded_in)
@@ -254,7 +268,7 @@ def print_mlflow_record(root: Path, marker: str, marker_before: int | None) -> N
             "see `kb_nano history`"
         )
         return
-    if (root / marker).stat().st_mtime_ns == marker_before:
+    if rec == marker_before:
         how = "nothing changed since run"
     else:
         how = "new run" if rec["created"] else "inputs unchanged, existing run"

@@ -8,6 +8,7 @@ import posixpath
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kb_nano.tracking.store import (
@@ -85,7 +86,10 @@ def log_run(
 
     A ``params["git_sha"]`` other than ``unknown`` also becomes the
     ``mlflow.source.git.commit`` tag; with ``marker`` the returned record is written
-    there as JSON (atomic; the log rule's output).
+    there as JSON (atomic; the log rule's output) with ``logged_at``, the UTC time of this
+    call (ISO 8601, microseconds): each run of the rule writes a record of its own, so a
+    reader that kept the marker's record tells whether the rule ran since
+    (:func:`kb_nano.cli.snakemake.print_mlflow_record`).
 
     If a FINISHED run tagged ``kb_nano.digest = digest`` exists in ``kb_nano/{tier}`` it
     is returned (``created: False``) and nothing is written. Else, with ``recorded``
@@ -123,7 +127,8 @@ def log_run(
         recorded=recorded,
     )
     if marker is not None:
-        atomic_write_text(Path(marker), json.dumps(record, indent=1, sort_keys=True) + "\n")
+        logged_at = datetime.now(UTC).isoformat(timespec="microseconds")
+        atomic_write_text(Path(marker), json.dumps({**record, "logged_at": logged_at}, indent=1, sort_keys=True) + "\n")
     return record
 
 

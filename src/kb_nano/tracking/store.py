@@ -68,7 +68,7 @@ def metric_name(*parts: str) -> str:
 
 def marker_path(tier: str) -> str:
     """The log rule's output for ``tier`` (relative to the workflow root): a JSON record
-    of the run (run_id, experiment, digest, tracking URI, created)."""
+    of the run (run_id, experiment, digest, tracking URI, created, logged_at)."""
     experiment_name(tier)
     return MARKER.format(tier=tier)
 
