@@ -1,8 +1,10 @@
-"""Which signal interrupted a run, known where it matters (torch-free).
+"""Which signal interrupted a run, known where it matters, and the children a run
+starts stopped with it (torch-free).
 
 In the ``kb_nano`` process a SIGINT, SIGTERM or SIGHUP raises :class:`SignalInterrupt`,
-a ``KeyboardInterrupt`` that names the signal, so the one line the CLI ends with says
-what stopped the run. In the Snakemake process :func:`watch` notes a SIGINT before it
+a ``KeyboardInterrupt`` that names the signal (while :func:`interrupts` is active), so
+the one line the CLI ends with says what stopped the run; a server or workflow it starts
+runs in a process group of its own (:func:`on_parent_death`, :func:`stop_group`). In the Snakemake process :func:`watch` notes a SIGINT before it
 raises ``KeyboardInterrupt`` as Python's default handler does: a kernel job whose judge
 or worker died of that same SIGINT asks :func:`interrupted` and ends as interrupted,
 without the error report of a failed job.
@@ -10,8 +12,10 @@ without the error report of a failed job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -29,6 +33,53 @@ class SignalInterrupt(KeyboardInterrupt):
 def raise_interrupt(signum, frame) -> None:
     """A signal handler: raise :class:`SignalInterrupt` for ``signum``."""
     raise SignalInterrupt(signum)
+
+
+@contextlib.contextmanager
+def interrupts(sigs: tuple):
+    """While the block runs, each of ``sigs`` raises :class:`SignalInterrupt` (a
+    KeyboardInterrupt naming the signal) in the main thread and is unblocked: also in a
+    kb_nano started with SIGINT ignored (`kb_nano ... &` from a script) or blocked by its
+    parent. The handlers and the mask are restored afterwards."""
+    previous = {sig: signal.signal(sig, raise_interrupt) for sig in sigs}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, set(sigs))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def on_parent_death(sig: signal.Signals):
+    """A ``preexec_fn`` for a child kb_nano starts in a process group of its own: signal
+    ``sig`` reaches it when kb_nano dies, even by SIGKILL (``PR_SET_PDEATHSIG``), and
+    SIGINT's default action is back (a background job of a script starts with SIGINT
+    ignored, and Python then would not turn it into KeyboardInterrupt), SIGINT and SIGTERM
+    unblocked (a mask the parent set is inherited)."""
+
+    def preexec() -> None:
+        import ctypes
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+def stop_group(proc: subprocess.Popen, first: signal.Signals, grace_s: float, then: signal.Signals) -> None:
+    """Stop the process group led by ``proc`` (started with ``process_group=0``): ``first``
+    to the whole group, and ``then`` if it has not ended after ``grace_s`` seconds; waits."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, first)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, then)
+        proc.wait()
 
 
 def watch(quiet: bool = False) -> bool:

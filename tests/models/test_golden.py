@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import save_file
 from workflow_helpers import REPO, copy_workflow, kb_nano
 
-from kb_nano.models.golden import capture
+from kb_nano.models.golden import GOLDEN_DIR, capture
 from kb_nano.models.golden_inputs import GoldenMismatch, golden_inputs
+from kb_nano.models.golden_summary import summary_lines
 from kb_nano.operators.attention import Attention
 from kb_nano.operators.base import normal
 
@@ -130,6 +131,43 @@ def test_capture_of_a_moe_model_writes_router_logits_attention_and_logits(tmp_pa
     assert got["router_logits"].shape == (64, 8) and torch.isfinite(got["router_logits"].float()).all()
     # the captured router logits are real: different tokens route to different experts
     assert got["router_logits"].float().argmax(-1).unique().numel() > 1
+
+
+def test_summary_lines_describe_each_captured_file(tmp_path):
+    """`capture-golden`'s summary: one line per file of each model (operator, layers,
+    weights, prompts, dtype, the first three tensors' shapes and how many more), then the
+    operators whose scenarios now read them; a model without files adds no line."""
+    meta = {"model": "tiny-moe", "hub_id": None, "config_sha256": "x"}
+    capture(TINY_MOE, meta, REPO, tmp_path / GOLDEN_DIR / "tiny-moe", num_layers=2)
+    lines = summary_lines(tmp_path, ["tiny-moe", "other"])
+    assert len(lines) == 4
+    assert lines[0] == (
+        f"{tmp_path / GOLDEN_DIR / 'tiny-moe/attention.safetensors'}: attention of tiny-moe "
+        "(2 of 3 layers, random weights, 4 prompts x 512 tokens, bfloat16): "
+        "layer0.key [4, 512, 2, 64], layer0.query [4, 512, 4, 64], layer0.value [4, 512, 2, 64] (+3 more)"
+    )
+    assert lines[1].endswith(
+        "layer0.hidden_states [2048, 64], layer0.router_logits [2048, 8], layer1.hidden_states [2048, 64] (+1 more)"
+    )
+    assert lines[2].endswith(
+        "sampler of tiny-moe (2 of 3 layers, random weights, 4 prompts x 512 tokens, bfloat16): logits [64, 300]"
+    )
+    assert lines[3] == "attention, fused_moe, sampler scenarios of tiny-moe, other now use them (input_source = golden)"
+
+
+def test_capture_golden_rule_error_reaches_the_terminal(tmp_path):
+    """A capture that fails inside the rule (an empty prompt set) shows its one-line error
+    in kb_nano's output through Snakemake (the job's stderr), not only in the rule's log,
+    and ends with the CLI's line that the workflow failed."""
+    work = copy_workflow(tmp_path)
+    (work / "config/golden/prompts.yaml").write_text("prompts: []\n")
+    out = kb_nano(work, "capture-golden", "--model", "qwen3-8b")
+    assert out.returncode == 1, out.stderr
+    message = "config/golden/prompts.yaml: 'prompts' must be a non-empty list of strings"
+    lines = out.stderr.splitlines()
+    assert f"kb-nano error: {message}" in lines, out.stderr
+    assert lines[-1] == "error: the Snakemake workflow failed (exit 1); see the messages above"
+    assert (work / "results/logs/capture_golden/qwen3-8b.log").read_text() == f"error: {message}\n"
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""``kernels --list``'s state_dict column (:mod:`kb_nano.operators.listing`): the baselines
+"""``kernels --map``'s tables and ``kernels --list``'s state_dict column (:mod:`kb_nano.operators.listing`): the baselines
 built on the meta device have the keys and shapes of a real build and hold no memory, keys
 of repeated layers share a line, and the example model is the first that applies."""
 
@@ -14,7 +14,14 @@ from workflow_helpers import REPO
 from kb_nano import operators
 from kb_nano.errors import KbNanoError
 from kb_nano.operators.layers import CausalLM, DecoderLayer
-from kb_nano.operators.listing import ModelExamples, state_dict_lines, state_dict_shapes, state_dict_text
+from kb_nano.operators.listing import (
+    ModelExamples,
+    map_tables,
+    shape_text,
+    state_dict_lines,
+    state_dict_shapes,
+    state_dict_text,
+)
 
 TINY = "config/models/kb-nano/tiny-llama"
 REAL_BUILD_MAX_ELEMENTS = 50_000_000  # built for real on the CPU below this (fp32: 200 MB)
@@ -97,3 +104,39 @@ def test_state_dict_lines_share_a_line_across_layer_indices():
         "heads.1.x.0 [3]",
     ]
     assert state_dict_lines([]) == ["(none)"]
+
+
+def _rows(table) -> dict[str, list[str]]:
+    """A rich table's rows by their first cell (the target)."""
+    columns = [list(c._cells) for c in table.columns]
+    return {cells[0]: list(cells[1:]) for cells in zip(*columns, strict=True)}
+
+
+def test_map_tables_give_each_models_operators_and_per_rank_inputs():
+    """One table per configured model, in order, titled with its architecture and sizes;
+    a row per operator the model uses (a dense model has no fused_moe, a Llama no
+    qk_norm) with one column of per-rank input shapes per TP, the token dimension as N,
+    and the operator's reason where a TP does not divide the model."""
+    llama, qwen = map_tables(ModelExamples(REPO, ["llama31-8b", "qwen3-30b-a3b"], [1, 3]))
+    assert llama.title.startswith("llama31-8b (meta-llama/Llama-3.1-8B-Instruct) — LlamaForCausalLM: hidden 4096")
+    assert "heads 32/8 kv, head_dim 128, intermediate 14336, vocab 128256, rope llama3" in llama.title
+    assert [c.header for c in llama.columns] == [
+        "target",
+        "level",
+        "used in",
+        "tp=1 per-rank inputs",
+        "tp=3 per-rank inputs",
+    ]
+    rows = _rows(llama)
+    assert "fused_moe" not in rows and "qk_norm" not in rows
+    assert rows["silu_and_mul"][0] == "L1"
+    assert rows["silu_and_mul"][2:] == ["x[N, 28672]", "n/a: tp=3 does not divide intermediate_size=14336"]
+    assert rows["attention"][2] == "query[N, 4096], key[N, 1024], value[N, 1024]"
+    moe = _rows(qwen)
+    assert moe["fused_moe"][2:] == ["hidden_states[N, 2048], router_logits[N, 128]"] * 2
+    assert moe["qk_norm"][2] == "q[N, 4096], k[N, 512]"
+
+
+def test_shape_text_names_the_token_dimension_n():
+    assert shape_text({"name": "x", "shape": [64, 4096]}) == "x[N, 4096]"
+    assert shape_text({"name": "positions", "shape": [1]}) == "positions[N]"

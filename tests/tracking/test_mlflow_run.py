@@ -168,11 +168,11 @@ def test_mlflow_ui_links_open_the_runs_table(tmp_path, capsys):
     """The runs-page URLs `kb_nano mlflow-ui` prints ask for the UI's machine-learning
     layout (MLflow 3.17 shows the GenAI layout unless the URL's workflowType says
     otherwise), and the experiment id in them is the server's."""
-    from kb_nano.cli.tracking import _print_experiment_urls
+    from kb_nano.tracking.ui import print_experiment_urls
 
     with mlflow_server(tmp_path) as url:
         rec = tracking.log_kernels(**result_set(tmp_path / "a", ROWS), tracking_uri=url)
-        _print_experiment_urls(url + "/")
+        print_experiment_urls(url + "/")
         with urllib.request.urlopen(url + "/", timeout=10) as resp:
             assert resp.status == 200
     out = capsys.readouterr().out

@@ -47,46 +47,16 @@ def cmd_list(args, root: Path, base: dict) -> int:
 
 
 def cmd_map(args, root: Path, base: dict) -> int:
-    """``kernels --map``: each model's operators, derived from its config."""
-    from rich.table import Table
-
+    """``kernels --map``: each configured (or ``--model``) model's operators with their
+    per-rank input shapes at each ``--tp`` (:func:`kb_nano.operators.listing.map_tables`)."""
     from kb_nano.console import make_console
-    from kb_nano.models.configs import config_fields, load_config, model_facts, resolve
-    from kb_nano.operators.base import NotApplicable
+    from kb_nano.operators.listing import ModelExamples, map_tables
 
     specs = select_models(args.model, base["models"], root) if args.model else base["models"]
-    tps = args.tp or base["tp"]
     console = make_console()
-    for spec in specs:
-        ref = resolve(spec, root)
-        facts = {**model_facts(load_config(ref, root), ref), "hf_config": config_fields(ref, root)}
-        table = Table(
-            title=f"{ref.key} ({ref.hub_id or ref.config_path}) — {facts['architecture']}: hidden {facts['hidden_size']}, "
-            f"heads {facts['num_attention_heads']}/{facts['num_key_value_heads']} kv, head_dim {facts['head_dim']}, "
-            f"intermediate {facts['intermediate_size']}, vocab {facts['vocab_size']}, rope {facts['rope']['rope_type']}"
-        )
-        for col in ("target", "level", "used in", *(f"tp={tp} per-rank inputs" for tp in tps)):
-            table.add_column(col, overflow="fold")
-        for name in operators.names():
-            op = operators.get(name)
-            if not op.applies_to(facts):
-                continue
-            cells = []
-            for tp in tps:
-                try:
-                    init = op.init_args(facts, tp)
-                    inputs = op.inputs(init, facts, tp, 1, facts["dtype"])
-                    cells.append(", ".join(_shape_text(s) for s in inputs))
-                except NotApplicable as exc:
-                    cells.append(f"n/a: {exc}")
-            table.add_row(name, f"L{op.level}", op.used_in, *cells)
+    for table in map_tables(ModelExamples(root, specs, args.tp or base["tp"])):
         console.print(table)
     return 0
-
-
-def _shape_text(spec: dict) -> str:
-    dims = ["N" if i == 0 else str(d) for i, d in enumerate(spec["shape"])]
-    return f"{spec['name']}[{', '.join(dims)}]"
 
 
 def cmd_kernels(args, passthrough: list[str]) -> int:
@@ -200,7 +170,8 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
 
 def cmd_capture_golden(args, passthrough: list[str]) -> int:
     """``kb_nano capture-golden``: build ``results/golden/{model}`` for each model (the
-    ``capture_golden`` rule) and summarise the sidecars."""
+    ``capture_golden`` rule) and summarise the files
+    (:func:`kb_nano.models.golden_summary.summary_lines`)."""
     from kb_nano.models.configs import resolve
     from kb_nano.models.golden import GOLDEN_DIR
     from kb_nano.workflow import golden_settings
@@ -225,29 +196,12 @@ def cmd_capture_golden(args, passthrough: list[str]) -> int:
     preflight(root, base, config, args.configfile or str(DEFAULT_CONFIG))
     passthrough = [*passthrough, "--forcerun", "capture_golden"] if args.force else passthrough
     code = run_snakemake(root, [str(GOLDEN_DIR / k) for k in keys], config, args, passthrough)
-    if code != 0:
-        for key in keys:
-            log = root / f"results/logs/capture_golden/{key}.log"
-            if log.is_file():
-                for line in log.read_text().splitlines():
-                    if line.startswith("error: "):
-                        print(line, file=sys.stderr)
+    if code != 0:  # (the rule's one-line error is on stderr above: workflow/scripts/capture_golden.py)
         print(f"error: the Snakemake workflow failed (exit {code}); see the messages above", file=sys.stderr)
         return code
     if args.dry_run or snakemake_action(passthrough):
         return 0
-    for key in keys:
-        for sidecar in sorted((root / GOLDEN_DIR / key).glob("*.json")):
-            meta = json.loads(sidecar.read_text())
-            layers = meta["num_hidden_layers"]
-            shapes = ", ".join(f"{k} {v['shape']}" for k, v in list(meta["tensors"].items())[:3])
-            more = len(meta["tensors"]) - 3
-            print(
-                f"{sidecar.with_suffix('.safetensors')}: {meta['operator']} of {key} "
-                f"({layers['captured']} of {layers['model']} layers, {meta['weights'].split(':')[0]} weights, "
-                f"{meta['prompts']['count']} prompts x {meta['prompts']['seq_len']} tokens, {meta['dtype']}): "
-                f"{shapes}{f' (+{more} more)' if more > 0 else ''}"
-            )
-    written = sorted({p.stem for k in keys for p in (root / GOLDEN_DIR / k).glob("*.json")})
-    print(f"{', '.join(written)} scenarios of {', '.join(keys)} now use them (input_source = golden)")
+    from kb_nano.models.golden_summary import summary_lines
+
+    print("\n".join(summary_lines(root, keys)))
     return 0

@@ -11,11 +11,10 @@ from kb_nano.cli import flags
 from kb_nano.cli.config import split_passthrough
 from kb_nano.cli.e2e import cmd_e2e, cmd_eval
 from kb_nano.cli.kernels import cmd_capture_golden, cmd_generate_inputs, cmd_kernels
-from kb_nano.cli.snakemake import interrupts
 from kb_nano.cli.tracking import cmd_history, cmd_mlflow_ui
 from kb_nano.errors import KbNanoError
 from kb_nano.files import blocking_file, not_a_directory
-from kb_nano.interrupts import SignalInterrupt
+from kb_nano.interrupts import SignalInterrupt, interrupts
 from kb_nano.paths import find_workflow_root
 
 

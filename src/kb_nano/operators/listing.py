@@ -2,7 +2,9 @@
 category, baseline module, the candidate contract (the baseline's constructor and forward
 signatures, :func:`kb_nano.operators.base.contract`), where it sits in a model, and the
 baseline's ``state_dict`` keys with their per-rank shapes for one concrete model, built on
-the meta device (no memory, no weights drawn)."""
+the meta device (no memory, no weights drawn). And as ``kernels --map`` shows it: per
+configured model, the operators it uses with their per-rank input shapes at each TP
+(:func:`map_tables`)."""
 
 from __future__ import annotations
 
@@ -181,3 +183,44 @@ def operator_table(
                 ]
             )
     return fit_table(list(LIST_COLUMNS), cells, width, title), len(cells)
+
+
+def shape_text(spec: dict) -> str:
+    """One input of an operator's scenario as ``kernels --map`` shows it: its name and
+    shape with the token dimension (the first) as ``N``, e.g. ``x[N, 28672]``. ``spec``:
+    an input spec of :meth:`kb_nano.operators.base.Operator.inputs` (``name``, ``shape``)."""
+    dims = ["N" if i == 0 else str(d) for i, d in enumerate(spec["shape"])]
+    return f"{spec['name']}[{', '.join(dims)}]"
+
+
+def map_tables(examples: ModelExamples) -> Iterator[Table]:
+    """The ``kernels --map`` tables, one per configured model of ``examples`` (in order,
+    each built when reached): the title gives the model's key, Hub id (or config file),
+    architecture and kernel-relevant sizes; one row per operator that applies to the model
+    (target, level, where it is used) with one column per TP of ``examples`` holding the
+    per-rank input shapes of one scenario (:func:`shape_text`; ``n/a: <reason>`` where the
+    operator's rules rule that TP out). Raises what loading a model's config raises
+    (``KbNanoError`` for a missing or unreadable config)."""
+    for ref in examples.configured:
+        facts = examples.facts(ref)
+        table = Table(
+            title=f"{ref.key} ({ref.hub_id or ref.config_path}) — {facts['architecture']}: hidden {facts['hidden_size']}, "
+            f"heads {facts['num_attention_heads']}/{facts['num_key_value_heads']} kv, head_dim {facts['head_dim']}, "
+            f"intermediate {facts['intermediate_size']}, vocab {facts['vocab_size']}, rope {facts['rope']['rope_type']}"
+        )
+        for col in ("target", "level", "used in", *(f"tp={tp} per-rank inputs" for tp in examples.tps)):
+            table.add_column(col, overflow="fold")
+        for name in operators.names():
+            op = operators.get(name)
+            if not op.applies_to(facts):
+                continue
+            cells = []
+            for tp in examples.tps:
+                try:
+                    init = op.init_args(facts, tp)
+                    inputs = op.inputs(init, facts, tp, 1, facts["dtype"])
+                    cells.append(", ".join(shape_text(s) for s in inputs))
+                except NotApplicable as exc:
+                    cells.append(f"n/a: {exc}")
+            table.add_row(name, f"L{op.level}", op.used_in, *cells)
+        yield table

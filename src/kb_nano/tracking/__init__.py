@@ -7,9 +7,9 @@ Modules: :mod:`~kb_nano.tracking.store` (the store's URI, client, lock), :mod:`~
 and :mod:`~kb_nano.tracking.e2e` (each tier's params, metrics and log call); the names
 other modules use are imported here. The readers :mod:`~kb_nano.tracking.history`
 (``kb_nano history``), :mod:`~kb_nano.tracking.plots` and
-:mod:`~kb_nano.tracking.perf_plots` (the kernel plots) and
-:mod:`~kb_nano.tracking.report_table` (the HTML table) are not imported here: import
-them by their own path.
+:mod:`~kb_nano.tracking.perf_plots` (the kernel plots),
+:mod:`~kb_nano.tracking.report_table` (the HTML table) and :mod:`~kb_nano.tracking.ui`
+(``kb_nano mlflow-ui``'s server) are not imported here: import them by their own path.
 
 One experiment per tier (``kb_nano/kernels``, ``kb_nano/e2e``, ``kb_nano/eval``), one run
 per merged result set. A run is keyed by a digest of its inputs (:func:`result_digest`:
