@@ -15,7 +15,7 @@ import yaml
 
 from kb_nano import gpus
 from kb_nano.errors import KbNanoError
-from kb_nano.interrupts import SignalInterrupt, raise_interrupt
+from kb_nano.interrupts import SignalInterrupt, interrupts, on_parent_death, stop_group
 
 # Snakemake's actions that run no job (snakemake.cli.args_to_api): the attribute of its
 # parsed arguments and the option names that set it. After one of them kb_nano prints only
@@ -186,53 +186,6 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
         if code == 130:  # Snakemake alone was interrupted (kb_nano.cli.snakemake_main)
             raise SignalInterrupt(signal.SIGINT)
         return code
-
-
-@contextlib.contextmanager
-def interrupts(sigs: tuple):
-    """While the block runs, each of ``sigs`` raises :class:`~kb_nano.interrupts.SignalInterrupt`
-    (a KeyboardInterrupt naming the signal) in the main thread and is unblocked: also in a
-    kb_nano started with SIGINT ignored (`kb_nano ... &` from a script) or blocked by its
-    parent. The handlers and the mask are restored afterwards."""
-    previous = {sig: signal.signal(sig, raise_interrupt) for sig in sigs}
-    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, set(sigs))
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def on_parent_death(sig: signal.Signals):
-    """A ``preexec_fn`` for a child kb_nano starts in a process group of its own: signal
-    ``sig`` reaches it when kb_nano dies, even by SIGKILL (``PR_SET_PDEATHSIG``), and
-    SIGINT's default action is back (a background job of a script starts with SIGINT
-    ignored, and Python then would not turn it into KeyboardInterrupt), SIGINT and SIGTERM
-    unblocked (a mask the parent set is inherited)."""
-
-    def preexec() -> None:
-        import ctypes
-
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-
-    return preexec
-
-
-def stop_group(proc: subprocess.Popen, first: signal.Signals, grace_s: float, then: signal.Signals) -> None:
-    """Stop the process group led by ``proc`` (started with ``process_group=0``): ``first``
-    to the whole group, and ``then`` if it has not ended after ``grace_s`` seconds; waits."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, first)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, then)
-        proc.wait()
 
 
 def read_marker(root: Path, marker: str) -> dict | None:
