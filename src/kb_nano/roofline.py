@@ -139,6 +139,6 @@ def review(candidate_ms: float, bound: float | None, peak: dict) -> str | None:
         return None
     return (
         f"implausible: candidate {candidate_ms:.4g} ms is below the roofline bound {bound:.4g} ms "
-        f"(copy {peak['copy_gbps']:.0f} GB/s, matmul {peak['matmul_tflops']:.1f} TFLOP/s, measured unless the "
+        f"(copy {peak['copy_gbps']:.3g} GB/s, matmul {peak['matmul_tflops']:.3g} TFLOP/s, measured unless the "
         "config's roofline block sets them); check the result by hand"
     )

@@ -95,7 +95,8 @@ def candidates(root: Path, config: dict) -> list[CandidateRef]:
         if not hits:
             raise ConfigError(
                 "candidates",
-                f"{want!r} matches no file candidates/{{target}}/{{name}}.py; known: {', '.join(c.id for c in found)}",
+                f"{want!r} matches no file candidates/{{target}}/{{name}}.py{did_you_mean(want, [c.id for c in found])}; "
+                f"known: {', '.join(c.id for c in found)}",
             )
         chosen += [c for c in hits if c not in chosen]
     return sorted(chosen, key=lambda c: c.id)

@@ -136,6 +136,22 @@ def test_a_model_prefix_says_which_models_it_chose(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_the_table_shows_what_an_incremental_run_measured():
+    """A first run shows every row (its not-applicable rows, made at the merge, have no
+    created_at); a rerun that measured some rows and reused others shows those it
+    measured; a run that measured nothing shows the whole selection."""
+    from kb_nano.kernels.table import measured_since
+
+    start = "2026-12-02T10:00:00+00:00"
+    old, new = "2026-12-02T09:00:00+00:00", "2026-12-02T10:00:05+00:00"
+    na = {**row("qk_norm", "fused", status="skipped"), "created_at": None}
+    fresh = [{**row("rms_norm", "a"), "created_at": new}, {**row("rms_norm", "b"), "created_at": new}, na]
+    assert measured_since(fresh, start) is None
+    rerun = [fresh[0], {**fresh[1], "created_at": old}, na]
+    assert measured_since(rerun, start) == [fresh[0]]
+    assert measured_since([{**r, "created_at": old} for r in fresh[:2]] + [na], start) is None
+
+
 def test_notes_that_rows_share_are_footnotes(monkeypatch, capsys):
     """A note several rows have (a skip reason for every num_tokens, "not significant")
     is printed once under the table and the rows show its mark; a note one row has stays
@@ -193,6 +209,7 @@ def test_kernel_table_fits_the_terminal(monkeypatch, capsys, columns):
         (["--model", "llama99"], "unknown model 'llama99'"),
         (["--category", "nope"], "unknown category 'nope'"),
         (["--candidate", "rms_norm/nope"], "'rms_norm/nope' matches no file"),
+        (["--candidate", "rms_norm/torch_fussed"], "(did you mean 'rms_norm/torch_fused'?)"),
         (["--model", "lama31"], "(did you mean 'llama31-8b'?)"),  # a typo of a key's head
         (["--versus", "rms_norm/nope"], "--versus rms_norm/nope: no candidate file"),  # before any job
         (["--model", "llama3"], None),  # prefix filter: valid (checked with --dry-run below)
@@ -282,7 +299,7 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
     assert shard.is_file() and kept.stat().st_mtime_ns == before
     # the table shows what this run measured; the reused row is counted, not shown
     assert "rms_norm/torch_fused" in again.stdout and "rms_norm/triton_rowwise" not in again.stdout, again.stdout
-    assert "1 more row of this selection from earlier runs" in again.stdout
+    assert "1 more row of this selection not shown (measured by earlier runs" in again.stdout
     assert "2 rows:" in again.stdout  # (the summary is of the whole selection)
     every = kb_nano(work, *args, "--all-rows")
     assert "rms_norm/triton_rowwise" in every.stdout and "more row" not in every.stdout, every.stdout

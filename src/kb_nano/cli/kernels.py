@@ -110,8 +110,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
     else:
         from kb_nano.kernels.table import measured_since, print_kernels
 
-        new = measured_since(doc["rows"], started_at)
-        shown = new if new and not args.all_rows else None  # (nothing measured: the whole selection)
+        shown = None if args.all_rows else measured_since(doc["rows"], started_at)
         print_kernels(doc["rows"], doc["summary"], shown=shown)
     print(f"results: {root / 'results/kernels.parquet'}, {root / output_json}")
     failed = [r for r in doc["rows"] if r["status"] not in ("passed", "skipped")]

@@ -96,6 +96,8 @@ def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)", width: int | 
         interval = f"{lo:.3f}-{hi:.3f}" if lo is not None and hi is not None else "-"
         if r.get("significant"):
             interval = f"[bold]{interval}[/bold]"
+        elif r.get("significant") is False:
+            interval += " ~"  # (the interval holds 1.0: print_e2e's legend)
         cells.append(
             [
                 escape(r["model"]),
@@ -114,7 +116,8 @@ def e2e_table(rows: list[dict], title: str = "kb-nano e2e (vLLM)", width: int | 
 
 def print_e2e(rows: list[dict], console: Console | None = None) -> None:
     """Print one e2e table per workload (titled with its vLLM settings), fitted to the
-    console's width (:func:`e2e_table`), and where the weights came from."""
+    console's width (:func:`e2e_table`; an interval that contains 1.0 is marked ``~``, with
+    a legend line), and where the weights came from."""
     import json
 
     console = console or make_console()
@@ -126,6 +129,10 @@ def print_e2e(rows: list[dict], console: Console | None = None) -> None:
             f"{k} {shown.get(k, v) if v is None else v}" for k, v in params.items() if k not in ("name", "kind")
         )
         console.print(e2e_table(group, f"{group[0]['kind']} {workload}: {settings}", console.width))
+    if any(r.get("significant") is False for r in rows):
+        console.print(
+            "~ : the 95% rerun interval contains 1.0, so the speedup is not significant (more --pairs narrow it)"
+        )
     for weights in sorted({r["weights"] for r in rows if r.get("weights")}):
         models = sorted({r["model"] for r in rows if r.get("weights") == weights})
         console.print(f"weights of {', '.join(models)}: {weights}")

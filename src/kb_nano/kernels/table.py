@@ -128,12 +128,17 @@ def kernel_table(
     return fit_table(list(COLUMNS), cells, width, title)
 
 
-def measured_since(rows: list[dict], started_at: str) -> list[dict]:
-    """The rows measured at or after ``started_at`` (an ISO-8601 UTC time, seconds
-    precision, as rows' ``created_at``): what one invocation measured, the rest being
-    rows reused from earlier runs' shards."""
+def measured_since(rows: list[dict], started_at: str) -> list[dict] | None:
+    """The rows one invocation measured, when it reused others: the rows whose
+    ``created_at`` (ISO-8601 UTC, seconds) is at or after ``started_at``. None when no row
+    is older than ``started_at`` (a first run: every row is this run's; rows no job
+    measured, such as not-applicable scenarios, have no ``created_at``) or none is newer
+    (nothing measured): the whole selection is then what to show."""
     start = datetime.fromisoformat(started_at)
-    return [r for r in rows if r.get("created_at") and datetime.fromisoformat(r["created_at"]) >= start]
+    when = [datetime.fromisoformat(r["created_at"]) if r.get("created_at") else None for r in rows]
+    new = [r for r, t in zip(rows, when) if t is not None and t >= start]
+    older = any(t is not None and t < start for t in when)
+    return new if new and older else None
 
 
 def print_kernels(
@@ -152,8 +157,8 @@ def print_kernels(
     if len(shown) < len(rows):
         more = len(rows) - len(shown)
         console.print(
-            f"{more} more {'row' if more == 1 else 'rows'} of this selection from earlier runs (code and inputs "
-            "unchanged) not shown; --all-rows prints them"
+            f"{more} more {'row' if more == 1 else 'rows'} of this selection not shown (measured by earlier runs "
+            "with the same code and inputs, or not applicable); --all-rows prints them"
         )
     by_status = ", ".join(f"{n} {s}" for s, n in summary["by_status"].items())
     rate = summary["pass_rate"]
