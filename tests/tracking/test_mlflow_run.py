@@ -137,7 +137,18 @@ def test_the_cli_tells_a_rerun_of_the_log_rule_by_the_markers_record(tmp_path, c
     print_mlflow_record(root, rel, before)
     assert f"MLflow: inputs unchanged, existing run {first['run_name']}" in capsys.readouterr().out
     print_mlflow_record(root, rel, None)  # no marker before the run
-    assert "inputs unchanged, existing run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "inputs unchanged, existing run" in out and "--compare" not in out  # (no new run: nothing to compare)
+
+    edited = result_set(tmp_path / "w", [{**ROWS[0], "speedup": 1.5, "seed": 7}, *ROWS[1:]])
+    new = tracking.log_kernels(**edited, tracking_uri=uri)  # a re-measured row: a new run
+    assert new["created"]
+    print_mlflow_record(root, rel, read_marker(root, rel) | {"run_id": first["run_id"], "logged_at": "earlier"})
+    out = capsys.readouterr().out
+    assert f"MLflow: new run {new['run_name']}" in out
+    assert (
+        f"what changed since the previous run: kb_nano history --compare {first['run_name']} {new['run_name']}" in out
+    )
 
 
 def test_an_older_runs_ui_name_works_in_compare(two_runs):

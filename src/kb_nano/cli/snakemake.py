@@ -206,7 +206,8 @@ def print_mlflow_record(root: Path, marker: str, marker_before: dict | None) -> 
     ``kb_nano history`` and what ``history --compare`` takes. ``marker_before`` is the
     marker's record before Snakemake ran (:func:`read_marker`): the same record now means
     the rule did not run ("nothing changed since run"). A result set logged as no run
-    because an earlier run holds all its rows (the record's ``recorded_in``) names it."""
+    because an earlier run holds all its rows (the record's ``recorded_in``) names it.
+    After a new run, a line gives the ``history --compare`` of the previous run and it."""
     from kb_nano.tracking.store import RUN_NAME_CHARS
 
     rec = read_marker(root, marker)
@@ -226,6 +227,9 @@ def print_mlflow_record(root: Path, marker: str, marker_before: dict | None) -> 
     else:
         how = "new run" if rec["created"] else "inputs unchanged, existing run"
     print(f"MLflow: {how} {run} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
+    before = (marker_before or {}).get("run_id")
+    if rec["created"] and before and before != rec["run_id"] and rec["experiment"] == marker_before.get("experiment"):
+        print(f"what changed since the previous run: kb_nano history --compare {before[:RUN_NAME_CHARS]} {run}")
 
 
 def workflow_failed(root: Path, code: int, tier: str) -> int:
