@@ -128,8 +128,8 @@ def recorded_in(
     a combination no run records, and is logged as a run of its own.
 
     Searches only runs started after the oldest row was measured (less
-    :data:`CLOCK_SLACK`) and downloads a run's rows only when it may hold an outstanding
-    row (its targets and candidate tags, its per-row metrics). Raises ``KbNanoError``
+    :data:`CLOCK_SLACK`) and downloads a run's rows only when it may hold every row (its
+    targets and candidate tags, its per-row metrics). Raises ``KbNanoError``
     when a run's rows cannot be read."""
     keys = ROW_KEYS[tier]
     hashes = candidate_hashes or {}
