@@ -108,3 +108,18 @@ def test_sigterm_is_named_in_the_last_line(monkeypatch, capsys):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert capsys.readouterr().err == "interrupted (SIGTERM); finished shards are kept under results/kernels/\n"
+
+
+@pytest.mark.parametrize("when", ["before its first request", "mid-reply"])
+def test_a_worker_whose_judge_is_gone_exits_without_a_traceback(when):
+    # an interrupted job closes its end of the pipe while a worker still starts (or is
+    # about to answer): the worker's output goes to the job's stderr and must stay clean
+    first = "" if when == "before its first request" else "a.send({'cmd': 'log'}); "
+    code = (
+        "import multiprocessing as mp\n"
+        "from kb_nano.kernels import worker_process as w\n"
+        f"a, b = mp.Pipe(); {first}a.close()\n"
+        "w.main(b, {'role': 'baseline'})\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr

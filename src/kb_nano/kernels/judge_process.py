@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kb_nano.kernels.pool import Pool, prewarm  # torch-free: the judge imports torch after prewarm()
+from kb_nano.kernels.procs import quiet_when_owner_gone
 
 _STARTED: list[float] = []  # epoch seconds: the judge's start and the end of its imports (first job's log)
 
@@ -30,7 +31,14 @@ def utc_now() -> str:
 
 
 def serve(conn, spec: dict) -> None:
-    """Entry point (a ``multiprocessing`` target). ``spec``: ``env`` (set first:
+    """Entry point (a ``multiprocessing`` target); :func:`_serve` with a Snakemake process
+    that is gone ending the judge quietly (:func:`kb_nano.kernels.procs.quiet_when_owner_gone`)."""
+    with quiet_when_owner_gone():
+        _serve(conn, spec)
+
+
+def _serve(conn, spec: dict) -> None:
+    """The judge's life. ``spec``: ``env`` (set first:
     ``CUDA_VISIBLE_DEVICES`` of the leased GPU), ``owner_pid`` (the Snakemake process),
     ``gpu_ids``, ``bind_later`` (a prestarted judge: its first request is ``{"bind":
     {"env", "gpu_ids"}}``, answered ``{"bound": True}``; nothing has touched CUDA yet). Each request is a dict with ``scenario``, ``candidate_id``,

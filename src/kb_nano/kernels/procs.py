@@ -263,3 +263,16 @@ def sigint_blocked():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def quiet_when_owner_gone():
+    """Around the whole of a judge's or worker's life: its owner's end of the pipe closed
+    (the owner interrupted, killed or done) ends the process with status 1 and no
+    traceback (``EOFError`` on a receive, ``ConnectionError`` such as ``BrokenPipeError``
+    on a send), wherever it was; the process's output is the job's stderr until it is
+    redirected, and an interrupted run must read clean."""
+    try:
+        yield
+    except (EOFError, ConnectionError):
+        raise SystemExit(1) from None

@@ -18,7 +18,7 @@ import traceback
 import torch
 
 from kb_nano.kernels import heap, shm
-from kb_nano.kernels.procs import become_subreaper
+from kb_nano.kernels.procs import become_subreaper, quiet_when_owner_gone
 from kb_nano.kernels.worker import Side, spec_of
 
 PRECISIONS = ("highest", "high", "medium")
@@ -127,7 +127,15 @@ def _slots(tensors: list, pattern: list[bool]) -> list[list]:
 
 
 def main(conn, spec: dict) -> None:
-    """Entry point of a worker process. ``spec``: ``role`` (``baseline`` | ``candidate``),
+    """Entry point of a worker process (see :func:`_serve` for ``spec``). A judge that is
+    gone (its end of ``conn`` closed: interrupted, killed) ends the worker quietly, at any
+    point of its start or its loop, without a traceback in the job's output."""
+    with quiet_when_owner_gone():
+        _serve(conn, spec)
+
+
+def _serve(conn, spec: dict) -> None:
+    """Set the worker up and answer its judge's requests. ``spec``: ``role`` (``baseline`` | ``candidate``),
     ``device``, ``env`` (set first: ``CUDA_VISIBLE_DEVICES``, ``TMPDIR``, cache
     directories), ``owner_pid`` (the judge), ``num_threads``, ``precision``,
     ``memory_limit_gb``; a candidate's also ``path``, ``target``, ``writable`` and
