@@ -319,7 +319,45 @@ def settings(root: Path, config: dict) -> dict:
     }
 
 
-def golden_settings(config: dict) -> dict:
+def golden_settings(config: dict, num_layers: int | None = None, weights: tuple[str, str] | None = None) -> dict:
     """A copy of the ``golden`` config block: ``num_layers`` (decoder layers kept, 0 = all)
-    and ``weights`` (model key -> directory of local weights); defaults from the schema."""
-    return {"num_layers": int(config["golden"]["num_layers"]), "weights": dict(config["golden"]["weights"])}
+    and ``weights`` (model key -> directory of local weights); defaults from the schema.
+    ``num_layers`` and ``weights`` (``(model key, directory)``) override it (``kb_nano
+    capture-golden --num-layers/--weights``). Raises ``KbNanoError`` for a negative
+    ``num_layers`` or a directory without ``*.safetensors``/``*.bin`` files."""
+    from kb_nano.errors import KbNanoError
+
+    out = {"num_layers": int(config["golden"]["num_layers"]), "weights": dict(config["golden"]["weights"])}
+    if num_layers is not None:
+        if num_layers < 0:
+            raise KbNanoError("--num-layers: must be >= 0 (0 = all layers of the config)")
+        out["num_layers"] = num_layers
+    if weights is not None:
+        key, given = weights
+        path = Path(given).resolve()
+        if not path.is_dir() or not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+            raise KbNanoError(f"--weights {given}: not a directory with *.safetensors or *.bin weight files")
+        out["weights"][key] = str(path)
+    return out
+
+
+def start_manifest(root: Path, effective: dict) -> None:
+    """Bring the selection's manifest up to date in a background thread of this process
+    (:func:`manifest`) while Snakemake starts: generating one imports torch and
+    transformers (seconds), which then overlaps Snakemake's own start-up; the Snakefile's
+    parse waits for the file under the manifest's lock and reads it. A failure here is
+    left to that parse, which reports it."""
+    import contextlib
+    import sys
+    import threading
+
+    from kb_nano.kernels.manifest import written_note
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            path = manifest_path(effective)
+            data, how = manifest(root, effective, Path(path))
+            if how is not None and threading.main_thread().is_alive():  # (not after an interrupt ended kb_nano)
+                print(written_note(path, data, how), file=sys.stderr)
+
+    threading.Thread(target=run, name="kb_nano-manifest", daemon=True).start()

@@ -338,7 +338,7 @@ def test_snakemake_actions_that_run_no_job_print_no_table(work):
 
 
 def test_snakemake_action_reads_snakemakes_own_options():
-    from kb_nano.cli.snakemake import snakemake_action
+    from kb_nano.launch import snakemake_action
 
     assert snakemake_action(["--unl"]) == "--unlock"  # argparse abbreviation
     assert snakemake_action(["-np"]) == "--dry-run"  # short-option cluster

@@ -94,7 +94,7 @@ def test_the_merged_rows_are_a_table_artifact(two_runs, monkeypatch):
 
 
 def test_run_name_is_the_id_the_cli_and_history_show(two_runs, tmp_path, capsys):
-    from kb_nano.cli.snakemake import print_mlflow_record
+    from kb_nano.tracking.marker import print_mlflow_record
 
     uri, (a, b) = two_runs
     for rec in (a, b):
@@ -116,7 +116,7 @@ def test_the_cli_tells_a_rerun_of_the_log_rule_by_the_markers_record(tmp_path, c
     mtime is)."""
     import os
 
-    from kb_nano.cli.snakemake import print_mlflow_record, read_marker
+    from kb_nano.tracking.marker import print_mlflow_record, read_marker
 
     uri = tracking.default_tracking_uri(tmp_path)
     kwargs = result_set(tmp_path / "w", ROWS)
@@ -237,7 +237,7 @@ def test_a_filtered_rerun_that_measured_nothing_logs_no_run(tmp_path, capsys):
     job measured (not applicable, made at merge without created_at) is held the same way.
     A rerun that measured one row logs a run as before, and so does a set of rows that
     only several runs together hold."""
-    from kb_nano.cli.snakemake import print_mlflow_record
+    from kb_nano.tracking.marker import print_mlflow_record
 
     uri = tracking.default_tracking_uri(tmp_path)
     not_applicable = row("qk_norm", "fused", status="skipped") | {"error": "not applicable: llama31-8b has no qk_norm"}

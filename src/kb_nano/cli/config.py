@@ -9,7 +9,7 @@ from pathlib import Path
 from kb_nano import operators
 from kb_nano.checks import check_effective
 from kb_nano.cli import flags
-from kb_nano.config import first_error, load
+from kb_nano.config import DEFAULT_CONFIG, first_error
 from kb_nano.errors import ConfigError, KbNanoError, did_you_mean
 
 
@@ -20,11 +20,15 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def base_config(root: Path, configfile: str | None) -> dict:
-    """The effective config before the flags: ``config/config.yaml`` updated with
-    ``--configfile`` as Snakemake layers them, every other key at its schema default
-    (:func:`kb_nano.config.load`). Raises ``KbNanoError`` for an unreadable config file."""
-    return load(root, configfile)
+def user_paths(specs: list[str], root: Path) -> list[str]:
+    """``--model`` values as the workflow reads them: one that exists relative to the
+    user's directory but not to the workflow's (nor its ``config/models``) is a path the
+    user typed, made absolute; keys, Hub ids and workflow-relative paths stay as given."""
+    here = [Path(s) for s in specs]
+    return [
+        str(p.resolve()) if p.exists() and not (root / p).exists() and not (root / "config/models" / p).exists() else s
+        for p, s in zip(here, specs, strict=True)
+    ]
 
 
 def select_models(requested: list[str], configured: list[str], root: Path) -> list[str]:
@@ -36,12 +40,7 @@ def select_models(requested: list[str], configured: list[str], root: Path) -> li
 
     keys = {spec: resolve(spec, root).key for spec in configured}
     chosen: list[str] = []
-    # Paths on the command line are relative to the user's directory, not the workflow root.
-    requested = [
-        str(Path(w).resolve()) if Path(w).exists() and not (root / "config/models" / w).exists() else w
-        for w in requested
-    ]
-    for want in requested:
+    for want in user_paths(requested, root):
         hits = [spec for spec, key in keys.items() if key.startswith(want) or spec == want]
         if not hits:
             resolve(want, root)
@@ -70,16 +69,17 @@ def config_overrides(args, root: Path, base: dict) -> dict:
 
 
 def preflight(
-    root: Path, base: dict, overrides: dict, source: str, dry_run: bool = False, tier: str = "kernels"
+    root: Path, base: dict, overrides: dict, source: str | None, dry_run: bool = False, tier: str = "kernels"
 ) -> dict:
     """Check the effective config (``base`` with the flags' ``overrides``) before Snakemake
     starts, so bad input gets one line: the schema (``workflow/schemas/config.schema.yaml``),
     then the checks the Snakefile runs too (:func:`kb_nano.checks.check_effective`: filters,
     candidates, models, files where kb-nano writes directories, every tier's output path;
     for ``tier``, a GPU for ``cuda`` unless ``dry_run``, and the MLflow server). An error
-    about a config key names the flag that set it, else the config file ``source``.
-    Returns the effective config. Raises ``KbNanoError``."""
+    about a config key names the flag that set it, else the config file ``source``
+    (``--configfile``; None: the embedded ``config/config.yaml``). Returns the effective config. Raises ``KbNanoError``."""
     config = {**base, **overrides}
+    source = source or str(DEFAULT_CONFIG)
     error = first_error(config, root)
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kb_nano import operators
-from kb_nano.cli.config import base_config
+from kb_nano.config import load
 from kb_nano.errors import KbNanoError
 from kb_nano.paths import find_workflow_root
 
@@ -16,7 +16,7 @@ def _tracking_uri(args) -> tuple[Path, str]:
     from kb_nano.tracking import resolve_tracking_uri
 
     root = find_workflow_root()
-    return root, resolve_tracking_uri(root, base_config(root, args.configfile), explicit=args.tracking_uri)
+    return root, resolve_tracking_uri(root, load(root, args.configfile), explicit=args.tracking_uri)
 
 
 def cmd_history(args, passthrough: list[str]) -> int:

@@ -343,3 +343,25 @@ def plan(root: Path, config: dict) -> dict:
             timeout_s=e2e["timeout_s"],
         ),
     }
+
+
+def invocation(root: Path, base: dict, kind: str, section: dict, fields: dict, baseline_only: bool) -> dict:
+    """The ``e2e`` section of one ``kb_nano e2e {kind}`` run: the effective config's
+    ``base['e2e']`` updated with ``section`` (the flags' keys), ``baseline_only``, and one
+    workload of ``kind`` from ``fields`` (the workload flags) over the first configured
+    workload of that kind (else vLLM's defaults). Planned once here (:func:`plan`), so an
+    unknown model, load format or candidate is a one-line ``KbNanoError`` before
+    Snakemake starts; when no candidate is named, prints which ones the default chose."""
+    from kb_nano.e2e.workloads import from_flags
+
+    e2e = {**base["e2e"], **section, "baseline_only": baseline_only}
+    configured = [from_dict(w, where="e2e.workloads") for w in e2e["workloads"]]
+    default = next((w for w in configured if w.kind == kind), None)
+    e2e["workloads"] = [Workload.params(from_flags(kind, default, **fields))]
+    planned = plan(root, {**base, "e2e": e2e})
+    if not e2e["candidates"] and not baseline_only:
+        chosen = candidate_set(root, [], planned["device"], e2e["models"])
+        print(
+            describe_choice(root, planned["device"], chosen, e2e["models"]) + ("" if chosen else "; the baseline only")
+        )
+    return e2e

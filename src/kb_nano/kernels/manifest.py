@@ -210,6 +210,16 @@ def load(path: Path) -> dict:
     return data
 
 
+def summary_lines(path: Path) -> list[str]:
+    """``kb_nano generate-inputs``'s summary of the manifest at ``path``: its scenario count
+    for its models, then each not-applicable scenario with the reason."""
+    manifest = load(path)
+    scenarios = manifest["scenarios"]
+    na = [s for s in scenarios if not s["applicable"]]
+    head = f"{path}: {len(scenarios)} scenarios for {', '.join(manifest['models'])}; {len(na)} not applicable"
+    return [head, *(f"  n/a {s['scenario_id']}: {s['reason']}" for s in na)]
+
+
 def scenario_json(scenario: dict) -> str:
     """Canonical JSON of one scenario (passed to jobs as a Snakemake param)."""
     return json.dumps(scenario, sort_keys=True, separators=(",", ":"))

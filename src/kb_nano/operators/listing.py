@@ -185,6 +185,18 @@ def operator_table(
     return fit_table(list(LIST_COLUMNS), cells, width, title), len(cells)
 
 
+def list_lines(count: int, level: int | None) -> str:
+    """The line under ``kernels --list``'s table: the candidate contract when the table has
+    ``count`` operators, else the levels that have any (``level`` filtered them all out)."""
+    if count:
+        return (
+            "a candidate (candidates/<target>/<name>.py) is one nn.Module taking the constructor's arguments and "
+            "forward's inputs above, with the baseline's state_dict keys and shapes (docs/kernels.md#candidates)"
+        )
+    present = ", ".join(sorted({f"L{e.level}" for e in operators.CATALOG.values()}))
+    return f"no operators at level {level} yet (levels present: {present})"
+
+
 def shape_text(spec: dict) -> str:
     """One input of an operator's scenario as ``kernels --map`` shows it: its name and
     shape with the token dimension (the first) as ``N``, e.g. ``x[N, 28672]``. ``spec``:

@@ -89,7 +89,7 @@ def log_run(
     there as JSON (atomic; the log rule's output) with ``logged_at``, the UTC time of this
     call (ISO 8601, microseconds): each run of the rule writes a record of its own, so a
     reader that kept the marker's record tells whether the rule ran since
-    (:func:`kb_nano.cli.snakemake.print_mlflow_record`).
+    (:func:`kb_nano.tracking.marker.print_mlflow_record`).
 
     If a FINISHED run tagged ``kb_nano.digest = digest`` exists in ``kb_nano/{tier}`` it
     is returned (``created: False``) and nothing is written. Else, with ``recorded``

@@ -1,5 +1,5 @@
-"""``python -m kb_nano.cli.snakemake_main ARGS``: Snakemake's command line as ``kb_nano``
-runs it (:func:`kb_nano.cli.snakemake.run_snakemake`), quiet when interrupted while it
+"""``python -m kb_nano.snakemake_main ARGS``: Snakemake's command line as ``kb_nano``
+runs it (:func:`kb_nano.launch.run_snakemake`), quiet when interrupted while it
 starts: a Ctrl-C during Snakemake's own imports (a second or two), while it parses the
 workflow (the manifest) or builds the DAG ends the process with status 130 and no
 KeyboardInterrupt traceback. From the imports on SIGINT raises KeyboardInterrupt, which

@@ -1,4 +1,7 @@
-"""Running the workflow: Snakemake in a process group of its own, interrupted cleanly on SIGINT, SIGTERM, SIGHUP or kb_nano's death; what to say when it failed."""
+"""Running the workflow as ``kb_nano`` does: Snakemake's own CLI in a process group of
+its own (:mod:`kb_nano.snakemake_main`), with the targets and the config override of one
+invocation, interrupted cleanly on SIGINT, SIGTERM, SIGHUP or kb_nano's death; which
+Snakemake options run no job; what to say when it failed."""
 
 from __future__ import annotations
 
@@ -121,7 +124,7 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
     cmd = [
         sys.executable,
         "-m",
-        "kb_nano.cli.snakemake_main",  # Snakemake's CLI, quiet when interrupted while it starts
+        "kb_nano.snakemake_main",  # Snakemake's CLI, quiet when interrupted while it starts
         *targets,
         "--snakefile",
         str(root / "Snakefile"),
@@ -183,53 +186,9 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
             except KeyboardInterrupt:
                 stop_group(proc, signal.SIGINT, 60, signal.SIGTERM)
                 raise
-        if code == 130:  # Snakemake alone was interrupted (kb_nano.cli.snakemake_main)
+        if code == 130:  # Snakemake alone was interrupted (kb_nano.snakemake_main)
             raise SignalInterrupt(signal.SIGINT)
         return code
-
-
-def read_marker(root: Path, marker: str) -> dict | None:
-    """The record the tier's log rule wrote at ``marker`` (relative to ``root``:
-    :func:`kb_nano.tracking.marker_path`), or None when there is none (or it is not a JSON
-    record). Read before and after Snakemake runs, it says whether the rule ran: each
-    run writes a new ``logged_at`` (:func:`kb_nano.tracking.runs.log_run`)."""
-    try:
-        rec = json.loads((root / marker).read_text())
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
-def print_mlflow_record(root: Path, marker: str, marker_before: dict | None) -> None:
-    """Say which MLflow run the tier's log rule recorded (new, existing, or unchanged), by
-    the first 12 characters of its id: the run's name in the MLflow UI, the run column of
-    ``kb_nano history`` and what ``history --compare`` takes. ``marker_before`` is the
-    marker's record before Snakemake ran (:func:`read_marker`): the same record now means
-    the rule did not run ("nothing changed since run"). A result set logged as no run
-    because an earlier run holds all its rows (the record's ``recorded_in``) names it.
-    After a new run, a line gives the ``history --compare`` of the previous run and it."""
-    from kb_nano.tracking.store import RUN_NAME_CHARS
-
-    rec = read_marker(root, marker)
-    if rec is None:
-        return
-    run = rec["run_id"][:RUN_NAME_CHARS]
-    holders = rec.get("recorded_in") or []
-    if holders:  # (one run holds every row: kb_nano.tracking.recorded.recorded_in)
-        print(
-            f"MLflow: no new run, nothing new was measured: all {holders[0]['rows']} rows are already recorded in "
-            f"run {holders[0]['run_id'][:RUN_NAME_CHARS]} in {rec['experiment']} ({rec['tracking_uri']}); "
-            "see `kb_nano history`"
-        )
-        return
-    if rec == marker_before:
-        how = "nothing changed since run"
-    else:
-        how = "new run" if rec["created"] else "inputs unchanged, existing run"
-    print(f"MLflow: {how} {run} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
-    before = (marker_before or {}).get("run_id")
-    if rec["created"] and before and before != rec["run_id"] and rec["experiment"] == marker_before.get("experiment"):
-        print(f"what changed since the previous run: kb_nano history --compare {before[:RUN_NAME_CHARS]} {run}")
 
 
 def workflow_failed(root: Path, code: int, tier: str) -> int:
@@ -247,4 +206,37 @@ def workflow_failed(root: Path, code: int, tier: str) -> int:
             f"run `kb_nano {command} -- --unlock`",
             file=sys.stderr,
         )
+    return code
+
+
+PER_JOB_FILES = {"kernels": "shards", "e2e": "vLLM's JSON per job", "eval": "vLLM's JSON per job"}
+
+
+def run_tier(
+    root: Path, tier: str, output_json: str, targets: list[str], config: dict, args, passthrough: list[str], show
+) -> int:
+    """One tier's command after its preflight: run the workflow for ``targets`` (with the
+    config override ``config``), the tier's merged JSON ``output_json`` and its log rule's
+    marker, then, unless Snakemake failed or ran no job (``-n``, ``-- --unlock``, ...:
+    :func:`snakemake_action`), call ``show(doc)`` with the merged results document
+    (``{"rows", "summary", ...}``, read from the file the merge rule wrote) and say which
+    MLflow run holds it (:func:`kb_nano.tracking.marker.print_mlflow_record`). Returns
+    the exit status: Snakemake's when it failed (:func:`workflow_failed`), else ``show``'s
+    (None counts as 0)."""
+    from kb_nano.tracking.marker import print_mlflow_record, read_marker
+    from kb_nano.tracking.store import marker_path
+
+    marker = marker_path(tier)
+    before = read_marker(root, marker)
+    code = run_snakemake(root, [*targets, output_json, marker], config, args, passthrough)
+    if code != 0:
+        return workflow_failed(root, code, tier)
+    if args.dry_run or snakemake_action(passthrough):
+        return 0  # Snakemake ran no job: no results table
+    code = show(json.loads((root / output_json).read_text())) or 0
+    results = root / "results"
+    print(
+        f"results: {results / (tier + '.parquet')}, {root / output_json}; {PER_JOB_FILES[tier]} under {results / tier}"
+    )
+    print_mlflow_record(root, marker, before)
     return code
