@@ -52,7 +52,13 @@ HARNESS_MODULES = (
     "gpus.py",
     "operators/base.py",
 )
-MANIFEST_MODULES = ("models/configs.py", "kernels/manifest.py", "operators/__init__.py", "operators/base.py")
+MANIFEST_MODULES = (
+    "models/configs.py",
+    "models/module_tree.py",
+    "kernels/manifest.py",
+    "operators/__init__.py",
+    "operators/base.py",
+)
 # Golden-tensor files a kernel job of a golden target reads through (with the harness modules).
 GOLDEN_MODULES = ("models/golden_inputs.py", "models/golden.py")
 

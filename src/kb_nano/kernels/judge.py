@@ -86,7 +86,7 @@ class Measurement:
 
     def prepare(self) -> None:
         """Build both modules and learn the output spec from the baseline (two slots)."""
-        ask(self.cand, {"cmd": "supports"}, self.deadline)
+        ask(self.cand, {"cmd": "supports", "semantics": self.scenario.get("semantics", "")}, self.deadline)
         t = time.perf_counter()
         reply = ask(
             self.base, {"cmd": "setup", "scenario": self.scenario, "param_seed": param_seed(self.seed)}, self.deadline

@@ -37,7 +37,8 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def scenario_id(target: str, model: str, tp: int, num_tokens: int, variant: str = "") -> str:
     """Stable scenario id, e.g. ``rms_norm__llama31-8b__tp1__n64``; an operator variant
-    (see ``Operator.variants``) adds a suffix: ``attention__llama31-8b__tp1__n8__ctx1024``."""
+    (see ``Operator.variants``) and non-standard semantics (``Operator.semantics``) add a
+    suffix: ``attention__llama31-8b__tp1__n8__ctx1024``, ``rms_norm__gemma2-2b__tp1__n64__gemma``."""
     return f"{target}__{model}__tp{tp}__n{num_tokens}" + (f"__{variant}" if variant else "")
 
 
@@ -81,8 +82,14 @@ def generate(
         if repeated:
             raise KbNanoError(f"config {what}: {', '.join(map(str, repeated))} listed more than once")
     manifest = {"schema_version": SCHEMA_VERSION, "models": {}, "scenarios": []}
+    names = [n for n in operators.names() if targets is None or n in targets]
+    tree = any(operators.get(n).reads_module_tree for n in names)
     for ref in refs:
         facts = model_facts(load_config(ref, root), ref)
+        if tree:  # what the model's own norm computes
+            from kb_nano.models.module_tree import hidden_norm
+
+            facts["hidden_norm"] = hidden_norm(config_fields(ref, root))
         model_dtype = facts["dtype"] if dtype == "auto" else dtype
         # Operators derive dtype-dependent constructor args (the rotary cos/sin cache) from
         # facts: give them the scenario dtype, not the checkpoint's, when it is overridden.
@@ -96,14 +103,16 @@ def generate(
         }
         deployable_reason = {tp: _undeployable(facts, tp) for tp in tps}
         deployable = {tp for tp, why in deployable_reason.items() if why is None}
-        for name in [n for n in operators.names() if targets is None or n in targets]:
+        for name in names:
             op = operators.get(name)
             atol, rtol = tolerance_for(op, model_dtype)
             variants = op.variants(op_facts, options)
+            semantics = op.semantics(op_facts)
             for tp in tps:
                 for n, (variant, extra) in ((n, v) for n in num_tokens for v in variants):
+                    suffix = "__".join(filter(None, (variant, semantics)))
                     entry = {
-                        "scenario_id": scenario_id(name, ref.key, tp, n, variant),
+                        "scenario_id": scenario_id(name, ref.key, tp, n, suffix),
                         "target": name,
                         "level": op.level,
                         "category": op.category,
@@ -112,6 +121,7 @@ def generate(
                         "tp": tp,
                         "num_tokens": n,
                         **({"variant": variant, **extra} if variant else {}),
+                        **({"semantics": semantics} if semantics else {}),
                         "dtype": model_dtype,
                         "atol": atol,
                         "rtol": rtol,

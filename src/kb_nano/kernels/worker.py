@@ -65,10 +65,13 @@ class Side:
         self.scenario_inputs: list[dict] = []
 
     # ------------------------------------------------------------------ scenario
-    def supports(self) -> dict:
-        """A candidate's ``supported_devices`` against this worker's device: the
-        ``skipped`` / ``import_error`` violation, or nothing."""
+    def supports(self, semantics: str = "") -> dict:
+        """A candidate's ``supported_devices`` against this worker's device and its
+        ``supported_semantics`` against the scenario's ``semantics`` (``""``: the standard
+        form, which every candidate supports; see ``Operator.semantics``): the ``skipped``
+        / ``import_error`` violation, or nothing."""
         from kb_nano.candidates import DEFAULT_DEVICES
+        from kb_nano.operators.base import SEMANTICS
 
         supported = getattr(self.cls, "supported_devices", DEFAULT_DEVICES)
         if not isinstance(supported, (tuple, list)) or not all(isinstance(d, str) for d in supported):
@@ -84,6 +87,22 @@ class Side:
                 "violation": [
                     "skipped",
                     f"{self.cls.__name__} supports {', '.join(supported)}; this run is on {self.device.type}",
+                ]
+            }
+        declared = getattr(self.cls, "supported_semantics", ())
+        if not isinstance(declared, (tuple, list)) or not all(isinstance(d, str) for d in declared):
+            return {
+                "violation": [
+                    "import_error",
+                    f"{self.cls.__name__}.supported_semantics must be a tuple of names like ('gemma',), got {declared!r}",
+                ]
+            }
+        if semantics and semantics not in tuple(declared):
+            return {
+                "violation": [
+                    "skipped",
+                    f"{self.cls.__name__} does not list {semantics!r} in supported_semantics; this model's "
+                    f"{SEMANTICS.get(semantics, semantics)}",
                 ]
             }
         return {}

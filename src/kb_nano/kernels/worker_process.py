@@ -243,7 +243,7 @@ def _handle(side: Side | None, conn, msg: dict) -> dict:
             side.set_outputs(_slots(tensors, msg["pattern"]))
         return {"ok": True}
     if cmd == "supports":
-        return side.supports()
+        return side.supports(msg.get("semantics", ""))
     if cmd == "setup":
         return side.setup(msg)
     if cmd == "probe":

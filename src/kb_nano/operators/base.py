@@ -48,6 +48,14 @@ class Operator:
             all-zero token row: a norm without ``eps`` divides 0 by 0), ``tiny`` (values
             x 1e-3: variance near ``eps``, so a wrong or missing ``eps`` shows), ``large``
             (values x 100). Applied to the inputs drawn from N(0, std^2).
+        semantics: ``facts -> str``: the model's form of the operator when it is not the
+            standard (vLLM default) one, e.g. ``gemma`` for norms scaling by ``1 + weight``
+            (:data:`SEMANTICS`); ``""`` otherwise. A scenario with semantics records them,
+            its id ends in ``__<semantics>``, and only candidates that list them in their
+            ``supported_semantics`` run it (others are ``skipped`` with the reason).
+        reads_module_tree: the rules above read what the model's own modules compute
+            (``facts['hidden_norm']``, :func:`kb_nano.models.module_tree.hidden_norm`),
+            which the manifest then builds the model on the meta device for.
     """
 
     name: str
@@ -63,6 +71,15 @@ class Operator:
     tolerance: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(TOLERANCES["pointwise"]))
     mutable_inputs: tuple[str, ...] = ()
     edge_cases: tuple[str, ...] = ()
+    semantics: Callable[[dict], str] = field(default=lambda facts: "")
+    reads_module_tree: bool = False
+
+
+# What each non-standard semantics of an operator computes (the skip reason of a candidate
+# that does not declare it)
+SEMANTICS = {
+    "gemma": "norms compute x / rms(x) * (1 + weight), cast after the multiply (vLLM GemmaRMSNorm)",
+}
 
 
 # Correctness tolerances (atol, rtol) per operator numerics class and dtype; a candidate

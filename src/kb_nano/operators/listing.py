@@ -101,13 +101,18 @@ class ModelExamples:
         self._facts: dict[str, dict] = {}
 
     def facts(self, ref) -> dict:
-        """The kb-nano facts of model ``ref`` with its config.json fields (``hf_config``)."""
+        """The kb-nano facts of model ``ref`` with its config.json fields (``hf_config``)
+        and what its own norm computes (``hidden_norm``, as the manifest reads it:
+        :func:`kb_nano.models.module_tree.hidden_norm`)."""
         from kb_nano.models.configs import config_fields, load_config, model_facts
+        from kb_nano.models.module_tree import hidden_norm
 
         if ref.key not in self._facts:
+            fields = config_fields(ref, self.root)
             self._facts[ref.key] = {
                 **model_facts(load_config(ref, self.root), ref),
-                "hf_config": config_fields(ref, self.root),
+                "hf_config": fields,
+                "hidden_norm": hidden_norm(fields),
             }
         return self._facts[ref.key]
 
@@ -211,7 +216,9 @@ def map_tables(examples: ModelExamples) -> Iterator[Table]:
     architecture and kernel-relevant sizes; one row per operator that applies to the model
     (target, level, where it is used) with one column per TP of ``examples`` holding the
     per-rank input shapes of one scenario (:func:`shape_text`; ``n/a: <reason>`` where the
-    operator's rules rule that TP out). Raises what loading a model's config raises
+    operator's rules rule that TP out, ``n/a: not covered: ...`` where the model's module
+    computes a form kb-nano does not measure); an operator with non-standard semantics
+    for the model names them (``rms_norm (gemma)``). Raises what loading a model's config raises
     (``KbNanoError`` for a missing or unreadable config)."""
     for ref in examples.configured:
         facts = examples.facts(ref)
@@ -234,5 +241,6 @@ def map_tables(examples: ModelExamples) -> Iterator[Table]:
                     cells.append(", ".join(shape_text(s) for s in inputs))
                 except NotApplicable as exc:
                     cells.append(f"n/a: {exc}")
-            table.add_row(name, f"L{op.level}", op.used_in, *cells)
+            semantics = op.semantics(facts)
+            table.add_row(f"{name} ({semantics})" if semantics else name, f"L{op.level}", op.used_in, *cells)
         yield table

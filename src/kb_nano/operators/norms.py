@@ -5,6 +5,13 @@ Semantics follow vLLM ``RMSNorm.forward_native`` and the transformers ``LlamaRMS
 compute in float32, ``x * rsqrt(mean(x^2) + eps)``, cast back to the input dtype, then
 multiply by ``weight`` in that dtype. With ``residual`` the sum ``x + residual`` is
 normalised and also returned as the new residual (in the input dtype).
+
+Gemma's norms (transformers ``GemmaRMSNorm``/``Gemma2RMSNorm``/``Gemma3RMSNorm``, vLLM
+``GemmaRMSNorm``) scale by ``1 + weight`` instead, in float32 before the cast back
+(``(x * (1 + w)).to(dtype)`` where Llama does ``x.to(dtype) * w``). Which form a model
+uses is read from its own norm module (:func:`kb_nano.models.module_tree.hidden_norm`),
+not from its name: those scenarios have the ``gemma`` semantics (id suffix ``__gemma``),
+which a candidate declares in ``supported_semantics``.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import torch
 from torch import nn
 
 from kb_nano.operators.base import (
+    NotApplicable,
     Operator,
     element_size,
     kv_heads_per_rank,
@@ -27,6 +35,9 @@ class RMSNorm(nn.Module):
     Args:
         hidden_size: size of the normalised (last) dimension.
         eps: ``rms_norm_eps`` of the model config.
+        weight_offset: 0 (Llama: ``x.to(dtype) * w``) or 1 (Gemma: ``(x * (1 + w)).to(dtype)``,
+            and the residual sum rounded to the input dtype before it is normalised: vLLM
+            ``GemmaRMSNorm.forward_static``); passed only for Gemma-form models.
     Forward:
         x: ``[num_tokens, hidden_size]``, bf16/fp16/fp32.
         residual: optional ``[num_tokens, hidden_size]`` same dtype.
@@ -35,10 +46,11 @@ class RMSNorm(nn.Module):
     State dict: ``weight`` ``[hidden_size]`` (initialised to ones as in vLLM).
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+    def __init__(self, hidden_size: int, eps: float = 1e-6, weight_offset: float = 0.0) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.variance_epsilon = eps
+        self.weight_offset = float(weight_offset)
         self.weight = nn.Parameter(torch.ones(hidden_size))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
@@ -47,15 +59,44 @@ class RMSNorm(nn.Module):
         if residual is not None:
             x = x + residual.to(torch.float32)
             residual = x.to(orig_dtype)
+            if self.weight_offset:  # Gemma normalises the sum in the input dtype (vLLM GemmaRMSNorm)
+                x = residual.to(torch.float32)
         variance = x.pow(2).mean(dim=-1, keepdim=True)
         x = x * torch.rsqrt(variance + self.variance_epsilon)
-        x = x.to(orig_dtype) * self.weight
+        if self.weight_offset:
+            x = (x * (self.weight_offset + self.weight.float())).to(orig_dtype)
+        else:
+            x = x.to(orig_dtype) * self.weight
         return x if residual is None else (x, residual)
+
+
+def norm_weight_offset(facts: dict) -> float:
+    """The model's hidden-size RMSNorm form (``facts['hidden_norm']``, read from its module
+    tree by :func:`kb_nano.models.module_tree.hidden_norm`): 0.0 (Llama) or 1.0 (Gemma);
+    0.0 for facts without it (a config read without the tree: unit tests). Raises
+    ``NotApplicable`` with the ``not covered: ...`` reason when the tree's norm is neither."""
+    norm = facts.get("hidden_norm")
+    if norm is None:
+        return 0.0
+    if norm["weight_offset"] is None:
+        raise NotApplicable(norm["reason"])
+    return float(norm["weight_offset"])
+
+
+def norm_semantics(facts: dict) -> str:
+    """``gemma`` for a model whose norms scale by ``1 + weight``, else ``""``."""
+    norm = facts.get("hidden_norm") or {}
+    return "gemma" if norm.get("weight_offset") == 1.0 else ""
 
 
 def _init_args(facts: dict, tp: int) -> dict:
     # The hidden dimension is replicated across TP ranks: same shape at every TP.
-    return {"hidden_size": facts["hidden_size"], "eps": facts["rms_norm_eps"]}
+    offset = norm_weight_offset(facts)
+    return {
+        "hidden_size": facts["hidden_size"],
+        "eps": facts["rms_norm_eps"],
+        **({"weight_offset": offset} if offset else {}),
+    }
 
 
 def _rms_inputs(args, facts, tp, num_tokens, dtype):
@@ -172,6 +213,8 @@ OPERATORS = {
         traffic=_rms_traffic,
         used_in="model.norm (final norm); input_layernorm of layer 0",
         edge_cases=NORM_EDGE_CASES,
+        semantics=norm_semantics,
+        reads_module_tree=True,
     ),
     "fused_add_rms_norm": Operator(
         name="fused_add_rms_norm",
@@ -184,5 +227,7 @@ OPERATORS = {
         used_in="layers.*.input_layernorm (layers >= 1), layers.*.post_attention_layernorm",
         mutable_inputs=("x", "residual"),  # vLLM's fused_add_rms_norm writes both in place
         edge_cases=NORM_EDGE_CASES,
+        semantics=norm_semantics,
+        reads_module_tree=True,
     ),
 }

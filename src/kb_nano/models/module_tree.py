@@ -1,0 +1,98 @@
+"""What a model's own transformers modules compute, read from its module tree.
+
+The model is built from its config.json fields on the meta device (no weights, no memory:
+:func:`kb_nano.operators.hf_modules.hf_config` and the causal-LM class transformers maps
+the config to), its modules are walked, and each module class an operator measures is
+probed on a few random rows on the CPU: the operator then measures the semantics of that
+class, not a formula assumed from the config's keys.
+
+Today this covers the hidden-size RMSNorm (``rms_norm``, ``fused_add_rms_norm``): Llama's
+``x / rms(x) * w`` or Gemma's ``x / rms(x) * (1 + w)`` (transformers
+``GemmaRMSNorm``/``Gemma2RMSNorm``/``Gemma3RMSNorm``; vLLM ``GemmaRMSNorm``), whatever
+the class is called. A norm class that computes neither is ``not covered``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+# weight offsets of the hidden-size RMSNorm forms kb-nano measures: output = x / rms(x) * (offset + w)
+NORM_FORMS = {0.0: "x / rms(x) * weight (LlamaRMSNorm)", 1.0: "x / rms(x) * (1 + weight) (GemmaRMSNorm)"}
+PROBE_ROWS = 4
+
+
+def hidden_norm(config_fields: dict) -> dict:
+    """The hidden-size RMSNorm of the model whose config.json fields are ``config_fields``:
+    ``{"class": <transformers class name>, "weight_offset": 0.0 | 1.0 | None, "reason":
+    str | None}``. Every module of the tree whose class name ends in ``RMSNorm`` and whose
+    ``weight`` is ``[hidden_size]`` is probed (:func:`norm_offset`); ``weight_offset`` is
+    None, with the reason, when they disagree, compute neither form of :data:`NORM_FORMS`,
+    or the model has none (``class`` None). A config transformers cannot build gives
+    ``weight_offset`` None and the reason."""
+    from kb_nano.operators.base import NotApplicable
+    from kb_nano.operators.hf_modules import _meta_causal_lm, hf_config
+
+    try:
+        lm = _meta_causal_lm(hf_config(copy.deepcopy(config_fields), num_hidden_layers=1))
+    except NotApplicable as exc:
+        return {"class": None, "weight_offset": None, "reason": f"not covered: {exc}"}
+    hidden = int(config_fields["hidden_size"])
+    found: dict[str, float | None] = {}
+    other: set[str] = set()  # hidden-size norms of other kinds (LayerNorm)
+    for module in lm.modules():
+        name = type(module).__name__
+        weight = getattr(module, "weight", None)
+        if "Norm" not in name or not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (hidden,):
+            continue
+        if not name.endswith("RMSNorm"):
+            other.add(name)
+        elif name not in found:
+            found[name] = norm_offset(module, hidden)
+    if not found:
+        kinds = f" (its norms: {', '.join(sorted(other))})" if other else ""
+        return {"class": None, "weight_offset": None, "reason": f"not covered: the model has no RMSNorm{kinds}"}
+    offsets = set(found.values())
+    first = next(iter(found))
+    if None in offsets:
+        bad = next(n for n, v in found.items() if v is None)
+        return {
+            "class": bad,
+            "weight_offset": None,
+            "reason": f"not covered: {bad} computes neither {' nor '.join(NORM_FORMS.values())}",
+        }
+    if len(offsets) > 1:
+        return {
+            "class": first,
+            "weight_offset": None,
+            "reason": f"not covered: the model's norms differ ({', '.join(sorted(found))})",
+        }
+    return {"class": first, "weight_offset": offsets.pop(), "reason": None}
+
+
+def norm_offset(meta_module: torch.nn.Module, hidden: int) -> float | None:
+    """Which form of :data:`NORM_FORMS` the RMSNorm ``meta_module`` (on the meta device)
+    computes: a CPU copy with a random ``weight`` is run on :data:`PROBE_ROWS` random rows
+    of ``hidden`` float32 values and compared with ``x * rsqrt(mean(x^2) + eps) * (offset
+    + weight)`` for each offset (``eps`` from the module's ``variance_epsilon`` or ``eps``,
+    else 1e-6; relative tolerance 1e-4). Returns the offset, or None for neither (or a
+    module whose forward fails on one tensor)."""
+    module = copy.deepcopy(meta_module).to_empty(device="cpu").float()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+        x = torch.randn(PROBE_ROWS, hidden, generator=gen)
+        try:
+            out = module(x)
+        except Exception:
+            return None
+        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+            return None
+        eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        for offset in NORM_FORMS:
+            if torch.allclose(out, normed * (offset + module.weight), rtol=1e-4, atol=1e-5):
+                return offset
+    return None

@@ -1,0 +1,109 @@
+"""Norm semantics read from the model's own module tree: the probe, the Gemma-form
+baseline against transformers, the manifest's scenarios and a candidate's declaration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kb_nano.kernels.manifest import generate
+from kb_nano.kernels.measure import measure_once
+from kb_nano.models.configs import config_fields, resolve
+from kb_nano.models.module_tree import hidden_norm
+from kb_nano.operators.norms import RMSNorm
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
+TINY.update(num_hidden_layers=2, vocab_size=128, max_position_embeddings=256, rms_norm_eps=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("key", "cls", "offset"),
+    [("llama31-8b", "LlamaRMSNorm", 0.0), ("gemma2-2b", "Gemma2RMSNorm", 1.0), ("qwen3-8b", "Qwen3RMSNorm", 0.0)],
+)
+def test_the_norm_form_comes_from_the_models_own_module(key, cls, offset):
+    got = hidden_norm(config_fields(resolve(key, REPO), REPO))
+    assert got == {"class": cls, "weight_offset": offset, "reason": None}
+
+
+def test_gemma3_and_an_unseen_layernorm_model_are_read_not_assumed():
+    # Gemma-3 (not vendored): the (1 + w) form is found in Gemma3RMSNorm itself; Phi-MoE
+    # normalises with LayerNorm: no RMSNorm form stands in for it
+    gemma3 = hidden_norm({"model_type": "gemma3_text", "head_dim": 16, **TINY})
+    assert gemma3 == {"class": "Gemma3RMSNorm", "weight_offset": 1.0, "reason": None}
+    phimoe = hidden_norm({"model_type": "phimoe", "num_local_experts": 2, "num_experts_per_tok": 1, **TINY})
+    assert phimoe["weight_offset"] is None and phimoe["reason"].startswith("not covered: the model has no RMSNorm")
+    assert "LayerNorm" in phimoe["reason"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma_form_baseline_equals_transformers_gemma2_rmsnorm(dtype):
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+
+    gen = torch.Generator().manual_seed(0)
+    ref = Gemma2RMSNorm(256, eps=1e-6)
+    ours = RMSNorm(256, eps=1e-6, weight_offset=1.0)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(256, generator=gen) * 0.5)
+        ours.weight.copy_(ref.weight)
+    ours, ref = ours.to(dtype), ref.to(dtype)
+    x = torch.randn(8, 256, generator=gen).to(dtype)
+    x[3] = 0  # an all-zero row
+    x[5] *= 1e-3  # variance near eps
+    residual = torch.randn(8, 256, generator=gen).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(ours(x), ref(x))
+        out, new_residual = ours(x, residual)
+        assert torch.equal(new_residual, x + residual)
+        assert torch.equal(out, ref(x + residual))
+        assert not torch.allclose(RMSNorm(256, eps=1e-6).to(dtype)(x).float(), ref(x).float(), atol=0.1)
+
+
+def test_gemma_models_get_gemma_scenarios_and_llama_ones_stay_as_they_were():
+    m = generate(["gemma2-2b", "llama31-8b"], [1], [64], "auto", REPO, targets=["rms_norm", "fused_add_rms_norm"])
+    by_id = {s["scenario_id"]: s for s in m["scenarios"]}
+    gemma = by_id["rms_norm__gemma2-2b__tp1__n64__gemma"]
+    assert gemma["semantics"] == "gemma" and gemma["init_args"]["weight_offset"] == 1.0
+    assert "fused_add_rms_norm__gemma2-2b__tp1__n64__gemma" in by_id
+    llama = by_id["rms_norm__llama31-8b__tp1__n64"]
+    assert "semantics" not in llama and llama["init_args"] == {"hidden_size": 4096, "eps": 1e-5}
+    assert m["models"]["gemma2-2b"]["hidden_norm"]["class"] == "Gemma2RMSNorm"
+
+
+GEMMA_CANDIDATE = """
+import torch
+from torch import nn
+
+
+class GemmaNorm(nn.Module):
+    supported_semantics = ({semantics})
+
+    def __init__(self, hidden_size, eps=1e-6, weight_offset=0.0):
+        super().__init__()
+        self.eps, self.offset = eps, {offset}
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x, residual=None):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (self.offset + self.weight.float())).to(x.dtype)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("semantics", "offset", "status"),
+    [("'gemma',", "weight_offset", "passed"), ("", "weight_offset", "skipped"), ("'gemma',", "0.0", "incorrect")],
+)
+def test_a_candidate_runs_gemma_scenarios_only_when_it_declares_them(tmp_path, semantics, offset, status):
+    m = generate(["gemma2-2b"], [1], [4], "auto", REPO, targets=["rms_norm"])
+    (scenario,) = m["scenarios"]
+    path = tmp_path / "gemma_norm.py"
+    path.write_text(GEMMA_CANDIDATE.replace("{semantics}", semantics).replace("{offset}", offset))
+    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
+    row = measure_once(scenario, "rms_norm/gemma_norm", path, {**settings, "timeout_s": 120}, REPO)
+    assert row["status"] == status, row["error"]
+    if status == "skipped":
+        assert "supported_semantics" in row["error"] and "1 + weight" in row["error"]
