@@ -28,6 +28,10 @@ class GroupedQueryAttention(nn.Module):
         self.group = self.num_heads // self.num_kv_heads
         self.logits_soft_cap = logits_soft_cap
 
+    def _logits(self, t):
+        # soft-capped logits in float32, as the baseline (and vLLM's soft-capping kernels) has them
+        return t.float() if self.logits_soft_cap else t
+
     def _probs(self, scores, mask=None):
         scores = scores * self.scale
         if self.logits_soft_cap:
@@ -44,14 +48,14 @@ class GroupedQueryAttention(nn.Module):
             k = key.view(n, kv, d).permute(1, 2, 0)
             v = value.view(n, kv, d).transpose(0, 1)
             mask = torch.ones(n, n, dtype=torch.bool, device=query.device).triu(1).repeat(g, 1)
-            p = self._probs(torch.bmm(q, k), mask).to(query.dtype)
+            p = self._probs(torch.bmm(self._logits(q), self._logits(k)), mask).to(query.dtype)
             out = torch.bmm(p, v)  # [kv, g * n, d]
             return out.view(kv, g, n, d).permute(2, 0, 1, 3).reshape(n, self.num_heads * d)
         # decode: [n, kv, g, d] against the cache [n, kv, d, C] and the new key [n, kv, d, 1]
         c = key_cache.shape[1]
-        q = query.view(n, kv, g, d)
-        s_cache = torch.matmul(q, key_cache.permute(0, 2, 3, 1))
-        s_new = torch.matmul(q, key.view(n, kv, d, 1))
+        q = self._logits(query.view(n, kv, g, d))
+        s_cache = torch.matmul(q, self._logits(key_cache.permute(0, 2, 3, 1)))
+        s_new = torch.matmul(q, self._logits(key.view(n, kv, d, 1)))
         p = self._probs(torch.cat((s_cache, s_new), dim=-1)).to(query.dtype)
         out = torch.matmul(p[..., :c], value_cache.transpose(1, 2)) + p[..., c:] * value.view(n, kv, 1, d)
         return out.reshape(n, self.num_heads * d)

@@ -11,7 +11,7 @@ import torch
 from kb_nano.kernels.manifest import generate
 from kb_nano.kernels.measure import measure_once
 from kb_nano.models.configs import config_fields, resolve
-from kb_nano.models.module_tree import hidden_norm
+from kb_nano.models.module_tree import hidden_norm, read
 from kb_nano.operators.norms import RMSNorm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ TINY.update(num_hidden_layers=2, vocab_size=128, max_position_embeddings=256, rm
     [("llama31-8b", "LlamaRMSNorm", 0.0), ("gemma2-2b", "Gemma2RMSNorm", 1.0), ("qwen3-8b", "Qwen3RMSNorm", 0.0)],
 )
 def test_the_norm_form_comes_from_the_models_own_module(key, cls, offset):
-    got = hidden_norm(config_fields(resolve(key, REPO), REPO))
+    got = read(config_fields(resolve(key, REPO), REPO))["hidden_norm"]
     assert got == {"class": cls, "weight_offset": offset, "reason": None}
 
 
@@ -107,3 +107,88 @@ def test_a_candidate_runs_gemma_scenarios_only_when_it_declares_them(tmp_path, s
     assert row["status"] == status, row["error"]
     if status == "skipped":
         assert "supported_semantics" in row["error"] and "1 + weight" in row["error"]
+
+
+def test_attention_layer_kinds_come_from_each_layers_module():
+    gemma = read(config_fields(resolve("gemma2-2b", REPO), REPO))["attention_layers"]
+    assert gemma == {
+        "kinds": [
+            {"scale": 0.0625, "sliding_window": 4096, "logits_soft_cap": 50.0, "layers": 13},
+            {"scale": 0.0625, "sliding_window": None, "logits_soft_cap": 50.0, "layers": 13},
+        ],
+        "reason": None,
+    }
+    llama = read(config_fields(resolve("llama31-8b", REPO), REPO))["attention_layers"]
+    assert [k["sliding_window"] for k in llama["kinds"]] == [None] and llama["kinds"][0]["layers"] == 32
+    # attention sinks (gpt-oss) are a parameter of the module kb-nano does not measure
+    oss = read({"model_type": "gpt_oss", "head_dim": 16, "num_local_experts": 2, **TINY})["attention_layers"]
+    assert oss["kinds"] == [] and oss["reason"] == "not covered: GptOssAttention has sinks"
+
+
+def _reference(q, k, v, scale, cap, window, positions_q, n_keys):
+    """transformers' Gemma-2 eager attention with its sliding-window causal mask."""
+    from types import SimpleNamespace
+
+    from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    allowed = sliding_window_causal_mask_function(window) if window else causal_mask_function
+    zero = torch.tensor(0)
+    mask = allowed(zero, zero, torch.tensor(list(positions_q))[:, None], torch.arange(n_keys)[None, :])
+    additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    module = SimpleNamespace(num_key_value_groups=q.shape[1] // k.shape[1], training=False, head_dim=q.shape[-1])
+    out, _ = eager_attention_forward(module, q, k, v, additive, scaling=scale, softcap=cap)
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_baseline_equals_transformers_gemma2_with_window_and_cap(window):
+    from kb_nano.operators.attention import Attention
+
+    gen = torch.Generator().manual_seed(0)
+    h, kv, d, n, scale, cap = 4, 2, 16, 12, 0.25, 5.0
+    att = Attention(h, d, scale, kv, cap, per_layer_sliding_window=window)
+    q, k, v = (torch.randn(n, w * d, generator=gen) * 2 for w in (h, kv, kv))
+    ours = att(q, k, v)
+    ref = _reference(
+        q.view(1, n, h, d).transpose(1, 2),
+        k.view(1, n, kv, d).transpose(1, 2),
+        v.view(1, n, kv, d).transpose(1, 2),
+        scale,
+        cap,
+        window,
+        range(n),
+        n,
+    )
+    torch.testing.assert_close(ours, ref.reshape(n, h * d), rtol=1e-5, atol=1e-5)
+    # decode: each of n sequences has ctx cached keys; its new token sits at position ctx
+    ctx = 9
+    kc, vc = (torch.randn(n, ctx, kv, d, generator=gen) * 2 for _ in range(2))
+    ours = att(q, k, v, kc, vc)
+    keys = torch.cat((kc, k.view(n, 1, kv, d)), 1).transpose(1, 2)
+    values = torch.cat((vc, v.view(n, 1, kv, d)), 1).transpose(1, 2)
+    ref = _reference(q.view(n, 1, h, d).transpose(1, 2), keys, values, scale, cap, window, [ctx], ctx + 1)
+    torch.testing.assert_close(ours, ref.reshape(n, h * d), rtol=1e-5, atol=1e-5)
+
+
+def test_gemma_attention_scenarios_make_the_cap_and_the_window_bind():
+    from kb_nano.kernels.inputs import make_inputs
+    from kb_nano.operators.attention import Attention
+
+    m = generate(["gemma2-2b"], [1], [4], "auto", REPO, targets=["attention"], context_lens=[16])
+    by_id = {s["scenario_id"]: s for s in m["scenarios"]}
+    assert sorted(by_id) == sorted(
+        f"attention__gemma2-2b__tp1__n4{ctx}__{kind}"
+        for ctx in ("", "__ctx16", "__ctx8191")
+        for kind in ("sliding4096", "full")
+    )
+    sliding = by_id["attention__gemma2-2b__tp1__n4__ctx8191__sliding4096"]
+    assert sliding["semantics"] == "sliding_window" and sliding["init_args"]["per_layer_sliding_window"] == 4096
+    assert "semantics" not in by_id["attention__gemma2-2b__tp1__n4__ctx8191__full"]
+    values, _ = make_inputs(sliding, torch.Generator().manual_seed(0), "cpu", None, REPO, draw=0)
+    args = sliding["init_args"]
+    with torch.no_grad():
+        ref = Attention(**args)(*values).float()
+        for wrong in ({**args, "logits_soft_cap": None}, {**args, "per_layer_sliding_window": None}):
+            out = Attention(**wrong)(*values).float()
+            assert ((out - ref).abs() - (2e-2 + 1e-2 * ref.abs())).max() > 0.1  # beyond the tolerance

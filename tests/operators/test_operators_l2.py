@@ -575,7 +575,7 @@ def test_manifest_variants_ids_and_determinism():
     assert {i["name"]: i["shape"] for i in dec["inputs"]}["key_cache"] == [8, 256, 4, 64]
     assert "variant" not in by_id["attention__llama32-1b__tp2__n8"]
     # gemma-2-2b is float32: the scenarios and their tolerances follow
-    g = by_id["attention__gemma2-2b__tp1__n8"]
+    g = by_id["attention__gemma2-2b__tp1__n8__full"]  # (and __sliding4096: the model's layer kinds)
     assert g["dtype"] == "float32" and (g["atol"], g["rtol"]) == (1e-4, 1e-4)
     assert g["init_args"]["logits_soft_cap"] == 50.0
     assert by_id["gelu_and_mul__gemma2-2b__tp2__n8"]["applicable"] is True
@@ -590,7 +590,7 @@ def test_manifest_context_len_not_applicable_and_duplicates():
     from kb_nano.errors import KbNanoError
 
     m = generate(["gemma2-2b"], [1], [1], "auto", REPO, context_lens=[8192])  # max_position_embeddings 8192
-    sc = {s["scenario_id"]: s for s in m["scenarios"]}["attention__gemma2-2b__tp1__n1__ctx8192"]
+    sc = {s["scenario_id"]: s for s in m["scenarios"]}["attention__gemma2-2b__tp1__n1__ctx8192__full"]
     assert sc["applicable"] is False and "max_position_embeddings=8192" in sc["reason"]
     with pytest.raises(KbNanoError, match="context_lens: 64 listed more than once"):
         generate(["gemma2-2b"], [1], [1], "auto", REPO, context_lens=[64, 64])

@@ -86,10 +86,10 @@ def generate(
     tree = any(operators.get(n).reads_module_tree for n in names)
     for ref in refs:
         facts = model_facts(load_config(ref, root), ref)
-        if tree:  # what the model's own norm computes
-            from kb_nano.models.module_tree import hidden_norm
+        if tree:  # what the model's own modules compute (norm form, attention layer kinds)
+            from kb_nano.models import module_tree
 
-            facts["hidden_norm"] = hidden_norm(config_fields(ref, root))
+            facts.update(module_tree.read(config_fields(ref, root)))
         model_dtype = facts["dtype"] if dtype == "auto" else dtype
         # Operators derive dtype-dependent constructor args (the rotary cos/sin cache) from
         # facts: give them the scenario dtype, not the checkpoint's, when it is overridden.
@@ -107,10 +107,12 @@ def generate(
             op = operators.get(name)
             atol, rtol = tolerance_for(op, model_dtype)
             variants = op.variants(op_facts, options)
-            semantics = op.semantics(op_facts)
-            for tp in tps:
+            kinds = op.layer_kinds(op_facts)
+            for tp, (kind, overrides) in ((tp, k) for tp in tps for k in kinds):
+                kind_facts = {**op_facts, **overrides}
+                semantics = op.semantics(kind_facts)
                 for n, (variant, extra) in ((n, v) for n in num_tokens for v in variants):
-                    suffix = "__".join(filter(None, (variant, semantics)))
+                    suffix = "__".join(filter(None, (variant, kind or semantics)))
                     entry = {
                         "scenario_id": scenario_id(name, ref.key, tp, n, suffix),
                         "target": name,
@@ -121,6 +123,7 @@ def generate(
                         "tp": tp,
                         "num_tokens": n,
                         **({"variant": variant, **extra} if variant else {}),
+                        **({"layer_kind": kind} if kind else {}),
                         **({"semantics": semantics} if semantics else {}),
                         "dtype": model_dtype,
                         "atol": atol,
@@ -129,10 +132,10 @@ def generate(
                     try:
                         if tp not in deployable:
                             raise NotApplicable(deployable_reason[tp])
-                        if not op.applies_to(op_facts):
+                        if not op.applies_to(kind_facts):
                             raise NotApplicable(f"{facts['architecture']} does not use {name}")
-                        args = op.init_args(op_facts, tp)
-                        inputs = op.inputs(args, op_facts, tp, n, model_dtype, **extra)
+                        args = op.init_args(kind_facts, tp)
+                        inputs = op.inputs(args, kind_facts, tp, n, model_dtype, **extra)
                     except NotApplicable as exc:
                         entry.update(applicable=False, reason=str(exc))
                     else:

@@ -9,7 +9,10 @@ class, not a formula assumed from the config's keys.
 Today this covers the hidden-size RMSNorm (``rms_norm``, ``fused_add_rms_norm``): Llama's
 ``x / rms(x) * w`` or Gemma's ``x / rms(x) * (1 + w)`` (transformers
 ``GemmaRMSNorm``/``Gemma2RMSNorm``/``Gemma3RMSNorm``; vLLM ``GemmaRMSNorm``), whatever
-the class is called. A norm class that computes neither is ``not covered``.
+the class is called; and the self-attention layers (``attention``): each layer's softmax
+scale, sliding window and logit soft-cap, so layers that differ (Gemma's sliding and
+global layers) are measured as separate kinds. A module that computes something else
+is ``not covered``.
 """
 
 from __future__ import annotations
@@ -23,21 +26,45 @@ NORM_FORMS = {0.0: "x / rms(x) * weight (LlamaRMSNorm)", 1.0: "x / rms(x) * (1 +
 PROBE_ROWS = 4
 
 
-def hidden_norm(config_fields: dict) -> dict:
+def read(config_fields: dict) -> dict:
+    """What the model's own modules compute, from one meta-device build of it with every
+    layer: ``{"hidden_norm": ..., "attention_layers": ...}`` (:func:`hidden_norm`,
+    :func:`attention_layers`). A config transformers cannot build gives both their
+    ``not covered`` reason."""
+    from kb_nano.operators.base import NotApplicable
+    from kb_nano.operators.hf_modules import _meta_causal_lm, hf_config
+
+    try:
+        lm = _meta_causal_lm(hf_config(copy.deepcopy(config_fields)))
+    except NotApplicable as exc:
+        reason = f"not covered: {exc}"
+        return {
+            "hidden_norm": {"class": None, "weight_offset": None, "reason": reason},
+            "attention_layers": {"kinds": [], "reason": reason},
+        }
+    return {
+        "hidden_norm": hidden_norm(config_fields, lm),
+        "attention_layers": attention_layers(lm),
+    }
+
+
+def hidden_norm(config_fields: dict, lm: torch.nn.Module | None = None) -> dict:
     """The hidden-size RMSNorm of the model whose config.json fields are ``config_fields``:
     ``{"class": <transformers class name>, "weight_offset": 0.0 | 1.0 | None, "reason":
     str | None}``. Every module of the tree whose class name ends in ``RMSNorm`` and whose
     ``weight`` is ``[hidden_size]`` is probed (:func:`norm_offset`); ``weight_offset`` is
     None, with the reason, when they disagree, compute neither form of :data:`NORM_FORMS`,
-    or the model has none (``class`` None). A config transformers cannot build gives
-    ``weight_offset`` None and the reason."""
-    from kb_nano.operators.base import NotApplicable
-    from kb_nano.operators.hf_modules import _meta_causal_lm, hf_config
+    or the model has none (``class`` None). ``lm``: the model built on the meta device
+    (default: built here with one layer; :func:`read` passes its own). A config
+    transformers cannot build gives ``weight_offset`` None and the reason."""
+    if lm is None:
+        from kb_nano.operators.base import NotApplicable
+        from kb_nano.operators.hf_modules import _meta_causal_lm, hf_config
 
-    try:
-        lm = _meta_causal_lm(hf_config(copy.deepcopy(config_fields), num_hidden_layers=1))
-    except NotApplicable as exc:
-        return {"class": None, "weight_offset": None, "reason": f"not covered: {exc}"}
+        try:
+            lm = _meta_causal_lm(hf_config(copy.deepcopy(config_fields), num_hidden_layers=1))
+        except NotApplicable as exc:
+            return {"class": None, "weight_offset": None, "reason": f"not covered: {exc}"}
     hidden = int(config_fields["hidden_size"])
     found: dict[str, float | None] = {}
     other: set[str] = set()  # hidden-size norms of other kinds (LayerNorm)
@@ -96,3 +123,40 @@ def norm_offset(meta_module: torch.nn.Module, hidden: int) -> float | None:
             if torch.allclose(out, normed * (offset + module.weight), rtol=1e-4, atol=1e-5):
                 return offset
     return None
+
+
+# The parts of a transformers attention module whose semantics kb-nano's ``attention``
+# measures (projections outside it; q/k norms are the ``qk_norm`` operator's): a module
+# with any other child module or a parameter of its own (gpt-oss's ``sinks``, MLA's
+# ``kv_a_proj_with_mqa``, Llama-4's L2 qk norm) is ``not covered``
+ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rotary_emb"}
+
+
+def attention_layers(lm: torch.nn.Module) -> dict:
+    """The kinds of self-attention layer of the causal LM ``lm`` (built on the meta device
+    with every layer, :func:`read`), read from each decoder layer's attention module:
+    ``{"kinds": [{"scale", "sliding_window", "logits_soft_cap",
+    "layers"}, ...], "reason": None}`` with one entry per distinct (softmax scale, sliding
+    window, soft-cap) in layer order (``layers``: how many layers have it; the module's
+    ``scaling``, ``sliding_window`` and ``attn_logit_softcapping``), or ``{"kinds": [],
+    "reason": "not covered: ..."}`` for an attention module with parts kb-nano does not
+    measure (:data:`ATTENTION_CHILDREN`)."""
+    kinds: dict[tuple, dict] = {}
+    for name, module in lm.named_modules():
+        if not name.endswith(".self_attn"):
+            continue
+        cls = type(module).__name__
+        extra = sorted(set(dict(module.named_children())) - ATTENTION_CHILDREN)
+        own = sorted(n for n, _ in module.named_parameters(recurse=False))
+        if extra or own:
+            return {"kinds": [], "reason": f"not covered: {cls} has {', '.join(extra + own)}"}
+        window = getattr(module, "sliding_window", None)
+        cap = getattr(module, "attn_logit_softcapping", None)
+        key = (float(module.scaling), int(window) if window else None, float(cap) if cap else None)
+        entry = kinds.setdefault(
+            key, {"scale": key[0], "sliding_window": key[1], "logits_soft_cap": key[2], "layers": 0}
+        )
+        entry["layers"] += 1
+    if not kinds:
+        return {"kinds": [], "reason": "not covered: no decoder layer has a self_attn module"}
+    return {"kinds": list(kinds.values()), "reason": None}

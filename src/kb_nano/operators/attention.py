@@ -16,6 +16,27 @@ Two scenario kinds (the ``variants`` of the operator):
   sequence, ``[N, C, num_kv_heads, head_size]`` (flash-attn ``flash_attn_with_kvcache``
   layout; vLLM's paged cache adds a block table, which kb-nano does not model).
 
+Layer kinds (``_layer_kinds``): each decoder layer's attention module of the model, built
+on the meta device (:func:`kb_nano.models.module_tree.attention_layers`), gives its softmax
+scale, sliding window and logit soft-cap; a model whose layers differ (Gemma-2 and
+Gemma-3: sliding-window and global layers) gets scenarios per kind, with the kind in the id
+(``__sliding4096``, ``__full``). A sliding layer's window is the constructor's
+``per_layer_sliding_window`` (vLLM ``Attention``): the query at position i sees keys
+i - W + 1 .. i (transformers' sliding-window mask); those scenarios have the
+``sliding_window`` semantics, which a candidate declares in ``supported_semantics``, and
+a decode scenario twice as long as the window is added. An attention module with parts
+kb-nano does not measure (attention sinks, multi-head latent attention) makes the
+operator ``n/a: not covered: ...`` for the model.
+
+Inputs: q and k are drawn from N(0, s^2) with s^2 = cap / (sqrt(head_size) * scale) when
+the layer soft-caps its logits, so the logits' spread is the cap and ``tanh`` binds (on
+N(0, 1) inputs ``cap * tanh(x / cap)`` would be the identity and a kernel without the cap
+would pass); N(0, 1) otherwise. With a soft-cap the baseline computes the logits in
+float32, as vLLM's soft-capping kernels (FlashAttention, FlashInfer) accumulate them: logits
+of the cap's size rounded to bf16 before the ``tanh`` move by ~0.1, and a float32 kernel
+then differed from a bf16-logit one by up to 0.3 beyond the tolerance (prefill of 64
+tokens at Gemma-2's shapes, CPU).
+
 Traffic (``_traffic``): minimum DRAM bytes = q, k, v, output (+ the two caches in decode)
 read/written once; FLOPs = the two GEMMs ``q @ k^T`` and ``p @ v``, 2 * head_size FLOPs
 each per (query head, query token, visible key) pair — the standard count of the
@@ -73,6 +94,8 @@ class Attention(nn.Module):
         num_kv_heads: KV heads on this rank (divided, or 1 replicated head when tp > kv heads);
             default ``num_heads`` (MHA).
         logits_soft_cap: ``cap * tanh(scores / cap)`` before masking (Gemma-2 ``attn_logit_softcapping``).
+        per_layer_sliding_window: W: the query at position i sees only keys at positions
+            > i - W (a sliding-window layer); None: every earlier key.
         prefix: layer name (unused; vLLM signature).
     Forward:
         query ``[N, num_heads * head_size]``; key, value ``[N, num_kv_heads * head_size]``
@@ -90,6 +113,7 @@ class Attention(nn.Module):
         scale: float,
         num_kv_heads: int | None = None,
         logits_soft_cap: float | None = None,
+        per_layer_sliding_window: int | None = None,
         prefix: str = "",
     ) -> None:
         super().__init__()
@@ -101,6 +125,7 @@ class Attention(nn.Module):
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         self.num_queries_per_kv = self.num_heads // self.num_kv_heads
         self.logits_soft_cap = logits_soft_cap
+        self.sliding_window = per_layer_sliding_window
         self.prefix = prefix
 
     def forward(
@@ -118,18 +143,25 @@ class Attention(nn.Module):
         if key_cache is None:
             # prefill: batch 1, sequence n -> [1, heads, n, d]
             q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-            mask = torch.ones(n, n, dtype=torch.bool, device=query.device).triu(1)
+            pos = torch.arange(n, device=query.device)
+            ahead = pos[:, None] - pos[None, :]  # query position - key position
+            mask = (ahead < 0) | (ahead >= self.sliding_window) if self.sliding_window else ahead < 0
         else:
             # decode: batch n, one query each, keys = cache + own -> [n, kv, C + 1, d]
             q = q.unsqueeze(2)
             k = torch.cat((key_cache, k.unsqueeze(1)), dim=1).transpose(1, 2)
             v = torch.cat((value_cache, v.unsqueeze(1)), dim=1).transpose(1, 2)
+            ctx = key_cache.shape[1]  # the query sits at position ctx
             mask = None
+            if self.sliding_window and ctx + 1 > self.sliding_window:
+                mask = ctx - torch.arange(ctx + 1, device=query.device) >= self.sliding_window
         k = repeat_kv(k, self.num_queries_per_kv)
         v = repeat_kv(v, self.num_queries_per_kv)
-        scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
-        if self.logits_soft_cap:
+        if self.logits_soft_cap:  # float32 logits: see the module docstring
+            scores = torch.matmul(q.float(), k.float().transpose(2, 3)) * self.scale
             scores = torch.tanh(scores / self.logits_soft_cap) * self.logits_soft_cap
+        else:
+            scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
         if mask is not None:
             scores = scores.masked_fill(mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -146,28 +178,72 @@ def attention_scale(facts: dict) -> float:
     return float(scalar) ** -0.5 if scalar else float(facts["head_dim"]) ** -0.5
 
 
+def _layer_kinds(facts: dict) -> list[tuple[str, dict]]:
+    """One kind per distinct attention layer of the model (``facts['attention_layers']``):
+    ``""`` when all layers are alike, else ``sliding<W>`` / ``full`` (numbered when two
+    kinds would share a name); the overrides carry the kind (``attention_kind``) or the
+    ``not covered`` reason (``attention_not_covered``). Facts without the module tree
+    (unit tests) give one kind from the config's fields."""
+    layers = facts.get("attention_layers")
+    if layers is None:
+        return [("", {})]
+    if layers["reason"]:
+        return [("", {"attention_not_covered": layers["reason"]})]
+    kinds = layers["kinds"]
+    if len(kinds) == 1:
+        return [("", {"attention_kind": kinds[0]})]
+    names = [f"sliding{k['sliding_window']}" if k["sliding_window"] else "full" for k in kinds]
+    names = [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+    return [(n, {"attention_kind": k}) for n, k in zip(names, kinds, strict=True)]
+
+
 def _init_args(facts: dict, tp: int) -> dict:
-    cap = config_field(facts, "attn_logit_softcapping")
+    if facts.get("attention_not_covered"):
+        raise NotApplicable(facts["attention_not_covered"])
+    kind = facts.get("attention_kind")
+    if kind is None:  # facts without the module tree: the config's fields
+        cap = config_field(facts, "attn_logit_softcapping")
+        kind = {"scale": attention_scale(facts), "sliding_window": None, "logits_soft_cap": float(cap) if cap else None}
     return {
         "num_heads": shard(facts["num_attention_heads"], tp, "num_attention_heads"),
         "head_size": facts["head_dim"],
-        "scale": attention_scale(facts),
+        "scale": kind["scale"],
         "num_kv_heads": kv_heads_per_rank(facts["num_key_value_heads"], tp),
-        "logits_soft_cap": float(cap) if cap else None,
+        "logits_soft_cap": kind["logits_soft_cap"],
+        **({"per_layer_sliding_window": kind["sliding_window"]} if kind["sliding_window"] else {}),
     }
 
 
+def _semantics(facts: dict) -> str:
+    return "sliding_window" if (facts.get("attention_kind") or {}).get("sliding_window") else ""
+
+
 def _variants(facts: dict, options: dict) -> list[tuple[str, dict]]:
+    """Prefill, then decode at each ``context_lens`` (default :data:`DEFAULT_CONTEXT_LENS`),
+    plus, for a model with a sliding window W, decode at 2 W (at most the model's
+    ``max_position_embeddings`` - 1) unless a context is that long: the window then hides
+    about half the keys (at W + 16 it hid 16 of 4112 and a kernel without the window
+    stayed within the tolerance)."""
     lens = options.get("context_lens")
-    lens = DEFAULT_CONTEXT_LENS if lens is None else lens
+    lens = list(DEFAULT_CONTEXT_LENS if lens is None else lens)
+    windows = [
+        k["sliding_window"] for k in (facts.get("attention_layers") or {}).get("kinds", []) if k["sliding_window"]
+    ]
+    if windows and lens:
+        longest = min(2 * max(windows), int(facts["max_position_embeddings"]) - 1)
+        if max(lens) < longest:
+            lens.append(longest)
     return [("", {})] + [(f"ctx{int(c)}", {"context_len": int(c)}) for c in lens]
 
 
 def _inputs(args, facts, tp, num_tokens, dtype, context_len: int | None = None):
     h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
+    cap = args.get("logits_soft_cap")
+    # logits q.k * scale have std s^2 * sqrt(d) * scale on N(0, s^2) inputs: the cap's size
+    std = (cap / (d**0.5 * args["scale"])) ** 0.5 if cap else 1.0
     specs = [
-        normal("query", [num_tokens, h * d], dtype),
-        normal("key", [num_tokens, kv * d], dtype),
+        normal("query", [num_tokens, h * d], dtype, std),
+        normal("key", [num_tokens, kv * d], dtype, std),
         normal("value", [num_tokens, kv * d], dtype),
     ]
     if context_len is None:
@@ -186,7 +262,7 @@ def _inputs(args, facts, tp, num_tokens, dtype, context_len: int | None = None):
             f"{MAX_DECODE_CACHE_TOKENS} (kb_nano.operators.attention)"
         )
     return specs + [
-        normal("key_cache", [num_tokens, context_len, kv, d], dtype),
+        normal("key_cache", [num_tokens, context_len, kv, d], dtype, std),
         normal("value_cache", [num_tokens, context_len, kv, d], dtype),
     ]
 
@@ -214,5 +290,8 @@ OPERATORS = {
         used_in="layers.*.self_attn.attn (after qkv_proj, q/k norm (Qwen3) and rotary_emb; before o_proj)",
         variants=_variants,
         tolerance=dict(TOLERANCES["fused"]),
+        semantics=_semantics,
+        reads_module_tree=True,
+        layer_kinds=_layer_kinds,
     ),
 }

@@ -54,8 +54,13 @@ class Operator:
             its id ends in ``__<semantics>``, and only candidates that list them in their
             ``supported_semantics`` run it (others are ``skipped`` with the reason).
         reads_module_tree: the rules above read what the model's own modules compute
-            (``facts['hidden_norm']``, :func:`kb_nano.models.module_tree.hidden_norm`),
-            which the manifest then builds the model on the meta device for.
+            (``facts['hidden_norm']``, ``facts['attention_layers']``:
+            :func:`kb_nano.models.module_tree.read`), which the manifest then builds the
+            model on the meta device for.
+        layer_kinds: ``facts -> [(kind, overrides), ...]``: the kinds of layer the
+            operator differs between in the model (``attention``: sliding-window and global
+            layers). Each kind gives its own scenarios, whose id ends in ``__<kind>`` (no
+            suffix for ``""``) and whose rules see ``{**facts, **overrides}``. Default: one.
     """
 
     name: str
@@ -73,12 +78,14 @@ class Operator:
     edge_cases: tuple[str, ...] = ()
     semantics: Callable[[dict], str] = field(default=lambda facts: "")
     reads_module_tree: bool = False
+    layer_kinds: Callable[[dict], list[tuple[str, dict]]] = field(default=lambda facts: [("", {})])
 
 
 # What each non-standard semantics of an operator computes (the skip reason of a candidate
 # that does not declare it)
 SEMANTICS = {
     "gemma": "norms compute x / rms(x) * (1 + weight), cast after the multiply (vLLM GemmaRMSNorm)",
+    "sliding_window": "attention layer sees only the last per_layer_sliding_window keys (vLLM Attention)",
 }
 
 

@@ -102,17 +102,17 @@ class ModelExamples:
 
     def facts(self, ref) -> dict:
         """The kb-nano facts of model ``ref`` with its config.json fields (``hf_config``)
-        and what its own norm computes (``hidden_norm``, as the manifest reads it:
-        :func:`kb_nano.models.module_tree.hidden_norm`)."""
+        and what its own modules compute (``hidden_norm``, ``attention_layers``, as the
+        manifest reads them: :func:`kb_nano.models.module_tree.read`)."""
+        from kb_nano.models import module_tree
         from kb_nano.models.configs import config_fields, load_config, model_facts
-        from kb_nano.models.module_tree import hidden_norm
 
         if ref.key not in self._facts:
             fields = config_fields(ref, self.root)
             self._facts[ref.key] = {
                 **model_facts(load_config(ref, self.root), ref),
                 "hf_config": fields,
-                "hidden_norm": hidden_norm(fields),
+                **module_tree.read(fields),
             }
         return self._facts[ref.key]
 
