@@ -3,9 +3,10 @@ one KV group are stacked as the rows of one GEMM against that group's keys (GQA
 grouping, as FlashAttention / vLLM's decode kernels do), and in decode the cached and the
 new key are scored separately and joined only in the (small) score tensor.
 
-Same math as the eager baseline (bf16 scores, fp32 softmax, probabilities rounded to the
-input dtype); the output of decode is the sum of two GEMM results, so it may differ from
-the baseline by an output ulp.
+Same math as the eager baseline (bf16 scores, fp32 scores under a soft-cap, fp32 softmax,
+probabilities rounded to the input dtype); the output of decode is the sum of two GEMM
+results, so it may differ from the baseline by an output ulp. Supports sliding-window
+layers (``per_layer_sliding_window``, declared in ``supported_semantics``).
 """
 
 import torch
@@ -19,8 +20,20 @@ class GroupedQueryAttention(nn.Module):
     ``[N, C, KV, D]`` -> ``[N, H*D]``.
     """
 
-    def __init__(self, num_heads, head_size, scale, num_kv_heads=None, logits_soft_cap=None, prefix=""):
+    supported_semantics = ("sliding_window",)
+
+    def __init__(
+        self,
+        num_heads,
+        head_size,
+        scale,
+        num_kv_heads=None,
+        logits_soft_cap=None,
+        per_layer_sliding_window=None,
+        prefix="",
+    ):
         super().__init__()
+        self.window = per_layer_sliding_window
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -47,7 +60,9 @@ class GroupedQueryAttention(nn.Module):
             q = query.view(n, kv, g, d).permute(1, 2, 0, 3).reshape(kv, g * n, d)
             k = key.view(n, kv, d).permute(1, 2, 0)
             v = value.view(n, kv, d).transpose(0, 1)
-            mask = torch.ones(n, n, dtype=torch.bool, device=query.device).triu(1).repeat(g, 1)
+            pos = torch.arange(n, device=query.device)
+            ahead = pos[:, None] - pos[None, :]
+            mask = ((ahead < 0) | (ahead >= self.window) if self.window else ahead < 0).repeat(g, 1)
             p = self._probs(torch.bmm(self._logits(q), self._logits(k)), mask).to(query.dtype)
             out = torch.bmm(p, v)  # [kv, g * n, d]
             return out.view(kv, g, n, d).permute(2, 0, 1, 3).reshape(n, self.num_heads * d)
@@ -56,6 +71,9 @@ class GroupedQueryAttention(nn.Module):
         q = self._logits(query.view(n, kv, g, d))
         s_cache = torch.matmul(q, self._logits(key_cache.permute(0, 2, 3, 1)))
         s_new = torch.matmul(q, self._logits(key.view(n, kv, d, 1)))
-        p = self._probs(torch.cat((s_cache, s_new), dim=-1)).to(query.dtype)
+        mask = None
+        if self.window and c + 1 > self.window:  # the new token at position c sees keys > c - window
+            mask = c - torch.arange(c + 1, device=query.device) >= self.window
+        p = self._probs(torch.cat((s_cache, s_new), dim=-1), mask).to(query.dtype)
         out = torch.matmul(p[..., :c], value_cache.transpose(1, 2)) + p[..., c:] * value.view(n, kv, 1, d)
         return out.reshape(n, self.num_heads * d)
