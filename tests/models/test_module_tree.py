@@ -192,3 +192,31 @@ def test_gemma_attention_scenarios_make_the_cap_and_the_window_bind():
         for wrong in ({**args, "logits_soft_cap": None}, {**args, "per_layer_sliding_window": None}):
             out = Attention(**wrong)(*values).float()
             assert ((out - ref).abs() - (2e-2 + 1e-2 * ref.abs())).max() > 0.1  # beyond the tolerance
+
+
+def test_gemma3_q_k_norms_are_found_in_its_attention_and_measured_in_gemma_form(tmp_path):
+    import json
+
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    from kb_nano.operators.norms import QKNorm
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "head_dim": 16, **TINY})
+    )
+    m = generate([str(tmp_path)], [1], [4], "auto", REPO, targets=["qk_norm", "rms_norm"])
+    (qk,) = [s for s in m["scenarios"] if s["target"] == "qk_norm"]
+    assert qk["scenario_id"].endswith("__gemma") and qk["init_args"]["weight_offset"] == 1.0
+    gen = torch.Generator().manual_seed(0)
+    ours, ref = QKNorm(4, 2, 16, 1e-6, weight_offset=1.0), Gemma3RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(16, generator=gen))
+        ours.q_norm.weight.copy_(ref.weight)
+        ours.k_norm.weight.copy_(ref.weight)
+        q, k = torch.randn(3, 64, generator=gen), torch.randn(3, 32, generator=gen)
+        got_q, got_k = ours(q, k)
+        torch.testing.assert_close(got_q, ref(q.view(3, 4, 16)).view(3, 64))
+        torch.testing.assert_close(got_k, ref(k.view(3, 2, 16)).view(3, 32))
+    # no q/k norm in Llama's attention: qk_norm does not apply (read from the tree, not the model type)
+    llama = generate(["llama31-8b"], [1], [4], "auto", REPO, targets=["qk_norm"])
+    assert llama["scenarios"][0]["applicable"] is False

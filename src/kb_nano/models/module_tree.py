@@ -12,7 +12,8 @@ Today this covers the hidden-size RMSNorm (``rms_norm``, ``fused_add_rms_norm``)
 the class is called; and the self-attention layers (``attention``): each layer's softmax
 scale, sliding window and logit soft-cap, so layers that differ (Gemma's sliding and
 global layers) are measured as separate kinds. A module that computes something else
-is ``not covered``.
+is ``not covered``. Per-head q/k norms (``qk_norm``: Qwen3, Gemma-3) are read the same
+way as the hidden-size norm.
 """
 
 from __future__ import annotations
@@ -45,7 +46,27 @@ def read(config_fields: dict) -> dict:
     return {
         "hidden_norm": hidden_norm(config_fields, lm),
         "attention_layers": attention_layers(lm),
+        "qk_norm": qk_norm(lm),
     }
+
+
+def qk_norm(lm: torch.nn.Module) -> dict | None:
+    """The per-head q/k norm of the causal LM ``lm`` (meta device), from the first
+    decoder layer's attention module with ``q_norm`` and ``k_norm`` children (Qwen3,
+    Gemma-3): ``{"class", "weight_offset", "reason"}`` as :func:`hidden_norm` gives it
+    (the form probed on ``q_norm``, whose ``weight`` is ``[head_dim]``), or None when
+    the model has no such norms."""
+    for name, module in lm.named_modules():
+        if name.endswith(".self_attn") and hasattr(module, "q_norm") and hasattr(module, "k_norm"):
+            norm = module.q_norm
+            cls = type(norm).__name__
+            weight = getattr(norm, "weight", None)
+            offset = norm_offset(norm, weight.shape[0]) if isinstance(weight, torch.Tensor) else None
+            if offset is None or type(module.k_norm) is not type(norm):
+                reason = f"not covered: {cls} computes neither {' nor '.join(NORM_FORMS.values())}"
+                return {"class": cls, "weight_offset": None, "reason": reason}
+            return {"class": cls, "weight_offset": offset, "reason": None}
+    return None
 
 
 def hidden_norm(config_fields: dict, lm: torch.nn.Module | None = None) -> dict:

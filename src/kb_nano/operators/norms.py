@@ -70,12 +70,13 @@ class RMSNorm(nn.Module):
         return x if residual is None else (x, residual)
 
 
-def norm_weight_offset(facts: dict) -> float:
-    """The model's hidden-size RMSNorm form (``facts['hidden_norm']``, read from its module
-    tree by :func:`kb_nano.models.module_tree.hidden_norm`): 0.0 (Llama) or 1.0 (Gemma);
-    0.0 for facts without it (a config read without the tree: unit tests). Raises
-    ``NotApplicable`` with the ``not covered: ...`` reason when the tree's norm is neither."""
-    norm = facts.get("hidden_norm")
+def norm_weight_offset(facts: dict, which: str = "hidden_norm") -> float:
+    """The form of the model's RMSNorm ``which`` (``hidden_norm`` or ``qk_norm``, read from
+    its module tree by :func:`kb_nano.models.module_tree.read`): 0.0 (Llama) or 1.0
+    (Gemma); 0.0 for facts without it (a config read without the tree: unit tests).
+    Raises ``NotApplicable`` with the ``not covered: ...`` reason when the tree's norm is
+    neither."""
+    norm = facts.get(which)
     if norm is None:
         return 0.0
     if norm["weight_offset"] is None:
@@ -83,9 +84,9 @@ def norm_weight_offset(facts: dict) -> float:
     return float(norm["weight_offset"])
 
 
-def norm_semantics(facts: dict) -> str:
-    """``gemma`` for a model whose norms scale by ``1 + weight``, else ``""``."""
-    norm = facts.get("hidden_norm") or {}
+def norm_semantics(facts: dict, which: str = "hidden_norm") -> str:
+    """``gemma`` for a model whose norm ``which`` scales by ``1 + weight``, else ``""``."""
+    norm = facts.get(which) or {}
     return "gemma" if norm.get("weight_offset") == 1.0 else ""
 
 
@@ -121,7 +122,8 @@ def _fused_traffic(args, inputs, dtype):
     return 4 * n * h * es + h * es, 5 * n * h
 
 
-# Architectures whose attention normalises q and k per head before RoPE (transformers
+# Without the module tree (facts of a config alone): architectures whose attention normalises
+# q and k per head before RoPE (transformers
 # ``Qwen3Attention`` / ``Qwen3MoeAttention``: ``q_norm``/``k_norm`` = RMSNorm(head_dim); vLLM
 # ``Qwen3Attention`` / ``Qwen3MoeAttention``). Llama, Mistral, Mixtral, Qwen2 have none.
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
@@ -140,18 +142,22 @@ class QKNorm(nn.Module):
         num_kv_heads: key heads on this rank (divided, or replicated when tp > kv heads).
         head_dim: normalised size.
         eps: ``rms_norm_eps``.
+        weight_offset: 1 for Gemma-form norms (``x / rms(x) * (1 + w)``: Gemma-3), as
+            :class:`RMSNorm`; passed only for those.
     Forward: q ``[num_tokens, num_heads * head_dim]``, k ``[num_tokens, num_kv_heads * head_dim]``.
     Returns ``(q, k)`` normalised, same shapes and dtype.
     State dict: ``q_norm.weight``, ``k_norm.weight`` ``[head_dim]`` (vLLM's parameter names).
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float = 1e-6) -> None:
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float = 1e-6, weight_offset: float = 0.0
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
+        self.q_norm = RMSNorm(head_dim, eps, weight_offset)
+        self.k_norm = RMSNorm(head_dim, eps, weight_offset)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor):
         q_by_head = self.q_norm(q.view(*q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim))
@@ -160,12 +166,22 @@ class QKNorm(nn.Module):
 
 
 def _qk_init_args(facts: dict, tp: int) -> dict:
+    offset = norm_weight_offset(facts, "qk_norm")
     return {
         "num_heads": shard(facts["num_attention_heads"], tp, "num_attention_heads"),
         "num_kv_heads": kv_heads_per_rank(facts["num_key_value_heads"], tp),
         "head_dim": facts["head_dim"],
         "eps": facts["rms_norm_eps"],
+        **({"weight_offset": offset} if offset else {}),
     }
+
+
+def _uses_qk_norm(facts: dict) -> bool:
+    """Whether the model's attention normalises q and k per head: read from its module tree
+    (``facts['qk_norm']``) when the facts have it, else by model type."""
+    if "qk_norm" in facts:
+        return facts["qk_norm"] is not None
+    return facts["model_type"] in QK_NORM_MODEL_TYPES
 
 
 def _qk_inputs(args, facts, tp, num_tokens, dtype):
@@ -200,8 +216,10 @@ OPERATORS = {
         inputs=_qk_inputs,
         traffic=_qk_traffic,
         used_in="layers.*.self_attn.q_norm / k_norm (per head, after qkv_proj, before rotary_emb)",
-        applies_to=lambda facts: facts["model_type"] in QK_NORM_MODEL_TYPES,
+        applies_to=_uses_qk_norm,
         edge_cases=NORM_EDGE_CASES,
+        semantics=lambda facts: norm_semantics(facts, "qk_norm"),
+        reads_module_tree=True,
     ),
     "rms_norm": Operator(
         name="rms_norm",
