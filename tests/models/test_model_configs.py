@@ -37,6 +37,22 @@ EXPECTED_KEYS = {
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "gemma2-2b": "google/gemma-2-2b",
+    **{
+        "gemma3-4b": "google/gemma-3-4b-it",
+        "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+        "gpt-oss-20b": "openai/gpt-oss-20b",
+        "llama4-scout": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+        "phi35-moe": "microsoft/Phi-3.5-MoE-instruct",
+    },
+}
+# vendored byte for byte with a SOURCE.md (where the file was found and its sha256), checked
+# by test_verbatim_configs_match_their_source rather than against the expectations below
+VERBATIM = {
+    "google/gemma-3-4b-it": "gemma3",
+    "deepseek-ai/DeepSeek-V3": "deepseek_v3",
+    "openai/gpt-oss-20b": "gpt_oss",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": "llama4",
+    "microsoft/Phi-3.5-MoE-instruct": "phimoe",
 }
 
 _LLAMA31_ROPE = {
@@ -327,7 +343,18 @@ def test_models_yaml_maps_exact_keys():
 
 
 def test_expectations_cover_every_model():
-    assert set(EXPECTED) == set(EXPECTED_KEYS.values())
+    assert set(EXPECTED) | set(VERBATIM) == set(EXPECTED_KEYS.values())
+
+
+@pytest.mark.parametrize("hub_id", sorted(VERBATIM))
+def test_verbatim_configs_match_their_source(hub_id):
+    import hashlib
+    import re
+
+    config = (config_dir(hub_id) / "config.json").read_bytes()
+    source = (config_dir(hub_id) / "SOURCE.md").read_text()
+    assert hashlib.sha256(config).hexdigest() in re.findall(r"\b[0-9a-f]{64}\b", source)
+    assert json.loads(config)["model_type"] == VERBATIM[hub_id]
 
 
 @pytest.mark.parametrize("hub_id", sorted(EXPECTED))

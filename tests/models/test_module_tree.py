@@ -220,3 +220,40 @@ def test_gemma3_q_k_norms_are_found_in_its_attention_and_measured_in_gemma_form(
     # no q/k norm in Llama's attention: qk_norm does not apply (read from the tree, not the model type)
     llama = generate(["llama31-8b"], [1], [4], "auto", REPO, targets=["qk_norm"])
     assert llama["scenarios"][0]["applicable"] is False
+
+
+OUTSIDE_LLAMA = ("gemma3-4b", "deepseek-v3", "gpt-oss-20b", "llama4-scout", "phi35-moe")
+
+
+def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered():
+    m = generate(list(OUTSIDE_LLAMA) + ["mixtral-8x7b"], [1], [4], "auto", REPO, context_lens=[16])
+    rows = {s["scenario_id"]: s for s in m["scenarios"]}
+
+    def reason(sid):
+        assert not rows[sid]["applicable"], sid
+        return rows[sid]["reason"]
+
+    def shapes(sid):
+        assert rows[sid]["applicable"], rows[sid]["reason"]
+        return [i["shape"] for i in rows[sid]["inputs"]]
+
+    # DeepSeek-V3: the dense layers' MLP is measured; MLA and its MoE are not covered
+    assert rows["mlp__deepseek-v3__tp1__n4"]["init_args"]["intermediate_size"] == 18432
+    assert shapes("silu_and_mul__deepseek-v3__tp1__n4") == [[4, 2 * 18432]]
+    assert reason("attention__deepseek-v3__tp1__n4").startswith("not covered: DeepseekV3Attention has kv_a_layernorm")
+    assert reason("fused_moe__deepseek-v3__tp1__n4").startswith("not covered: DeepseekV3MoE")
+    # gpt-oss: sinks, and experts of its own (clamped SwiGLU): no stand-in silu_and_mul
+    assert reason("attention__gpt-oss-20b__tp1__n4") == "not covered: GptOssAttention has sinks"
+    assert reason("silu_and_mul__gpt-oss-20b__tp1__n4").startswith("not covered: GptOssMLP")
+    # Llama-4: its rotation is its own; its MoE block is not covered
+    assert "rotates q and k its own way" in reason("rotary_embedding__llama4-scout__tp1__n4")
+    assert reason("fused_moe__llama4-scout__tp1__n4").startswith("not covered: Llama4TextMoe")
+    # Phi-3.5-MoE normalises with LayerNorm
+    assert reason("rms_norm__phi35-moe__tp1__n4").startswith("not covered: the model has no RMSNorm")
+    # Gemma-3 (multimodal file: its text decoder): gemma-form norms, sliding and full layers
+    assert rows["qk_norm__gemma3-4b__tp1__n4__gemma"]["init_args"]["weight_offset"] == 1.0
+    assert {"attention__gemma3-4b__tp1__n4__sliding1024", "attention__gemma3-4b__tp1__n4__full"} <= set(rows)
+    # Mixtral: the experts' activation, num_tokens * top_k rows of one expert's width
+    assert shapes("silu_and_mul__mixtral-8x7b__tp1__n4") == [[8, 2 * 14336]]
+    for s in m["scenarios"]:  # every scenario is measured or says why not
+        assert s["applicable"] or s["reason"], s["scenario_id"]

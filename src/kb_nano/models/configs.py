@@ -128,10 +128,23 @@ def check_config_file(ref: ModelRef, root: Path) -> None:
         raise KbNanoError(f"{path}: field(s) {', '.join(missing)} missing; kb-nano derives shapes from them")
 
 
+# fields of a multimodal checkpoint's top level its text decoder inherits when its
+# ``text_config`` does not set them
+TEXT_INHERITS = ("architectures", "torch_dtype", "dtype", "tie_word_embeddings")
+
+
 def config_fields(ref: ModelRef, root: Path) -> dict:
-    """The fields of a model's config.json as a plain dict (what ``AutoConfig`` reads)."""
+    """The fields of a model's config.json as a plain dict (what ``AutoConfig`` reads). For a
+    multimodal checkpoint (a ``text_config``: Gemma-3, Llama-4) the text decoder's fields,
+    which kb-nano measures, as transformers fills them (:func:`load_config`, defaults and
+    :data:`TEXT_INHERITS` included)."""
     path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
-    return json.loads(path.read_text())
+    data = json.loads(path.read_text())
+    if not isinstance(data.get("text_config"), dict):
+        return data
+    # the text_config of a multimodal file lists only non-default fields (Gemma-3 has no
+    # vocab_size there): the text config transformers builds from it holds them all
+    return load_config(ref, root).to_dict()
 
 
 # Packages transformers imports when installed although reading a config needs neither:
@@ -164,7 +177,9 @@ def config_imports_only():
 
 
 def load_config(ref: ModelRef, root: Path):
-    """Load the ``transformers`` config of ``ref`` with ``AutoConfig`` (no network).
+    """Load the ``transformers`` config of ``ref`` with ``AutoConfig`` (no network); for a
+    multimodal checkpoint its text decoder's config (``get_text_config()``, with
+    :data:`TEXT_INHERITS` from the top level).
 
     Raises ``KbNanoError`` when the file is not a loadable Hugging Face config.
     """
@@ -172,9 +187,15 @@ def load_config(ref: ModelRef, root: Path):
 
     path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
     try:
-        return AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
+        config = AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
     except Exception as exc:  # transformers raises OSError/ValueError/KeyError for bad files
         raise KbNanoError(f"{path}: not a loadable Hugging Face config.json ({_one_line(exc)})") from None
+    text = config.get_text_config()
+    if text is not config:  # a multimodal checkpoint: its text decoder (config_fields)
+        for name in TEXT_INHERITS:
+            if getattr(text, name, None) is None and getattr(config, name, None) is not None:
+                setattr(text, name, getattr(config, name))
+    return text
 
 
 def config_sha256(ref: ModelRef, root: Path) -> str:

@@ -13,7 +13,9 @@ the class is called; and the self-attention layers (``attention``): each layer's
 scale, sliding window and logit soft-cap, so layers that differ (Gemma's sliding and
 global layers) are measured as separate kinds. A module that computes something else
 is ``not covered``. Per-head q/k norms (``qk_norm``: Qwen3, Gemma-3) are read the same
-way as the hidden-size norm.
+way as the hidden-size norm; each layer's feed-forward block gives the dense MLPs (width,
+activation) and the MoE block, covered only for the classes the ``fused_moe`` baseline is
+tested equal to.
 """
 
 from __future__ import annotations
@@ -42,12 +44,33 @@ def read(config_fields: dict) -> dict:
         return {
             "hidden_norm": {"class": None, "weight_offset": None, "reason": reason},
             "attention_layers": {"kinds": [], "reason": reason},
+            "qk_norm": None,
+            "mlp_blocks": {"dense": [], "moe": {"class": None, "reason": reason}},
+            "rotary": None,
         }
     return {
         "hidden_norm": hidden_norm(config_fields, lm),
         "attention_layers": attention_layers(lm),
         "qk_norm": qk_norm(lm),
+        "mlp_blocks": mlp_blocks(lm),
+        "rotary": rotary(lm),
     }
+
+
+def rotary(lm: torch.nn.Module) -> dict | None:
+    """How the model's attention rotates q and k: ``{"module", "neox"}``, ``neox`` True when
+    the modeling module of its first decoder layer's attention defines ``rotate_half`` (the
+    half-split rotation of transformers' ``apply_rotary_pos_emb`` and of vLLM's
+    ``is_neox_style``, which the ``rotary_embedding`` baseline computes); False for a
+    model that rotates its own way (Llama-4: interleaved pairs as complex numbers). None
+    when no attention module is found."""
+    import sys
+
+    for name, module in lm.named_modules():
+        if name.endswith(".self_attn"):
+            where = type(module).__module__
+            return {"module": where, "neox": hasattr(sys.modules.get(where), "rotate_half")}
+    return None
 
 
 def qk_norm(lm: torch.nn.Module) -> dict | None:
@@ -181,3 +204,87 @@ def attention_layers(lm: torch.nn.Module) -> dict:
     if not kinds:
         return {"kinds": [], "reason": "not covered: no decoder layer has a self_attn module"}
     return {"kinds": list(kinds.values()), "reason": None}
+
+
+# The MoE blocks whose routing and experts the ``fused_moe`` baseline computes (it is
+# tested equal to them): softmax top-k routing, optional renormalisation, SiLU-gated experts
+COVERED_MOE = ("MixtralSparseMoeBlock", "Qwen3MoeSparseMoeBlock")
+
+
+def activation_name(module: torch.nn.Module) -> str | None:
+    """``silu`` or ``gelu_tanh`` for a transformers activation module (``SiLUActivation``,
+    ``nn.SiLU``; ``GELUTanh``, ``PytorchGELUTanh``), else None."""
+    name = type(module).__name__
+    if "SiLU" in name:
+        return "silu"
+    if "GELUTanh" in name:
+        return "gelu_tanh"
+    return None
+
+
+# a decoder layer's feed-forward child, by the names transformers' decoder layers give it
+FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe")
+
+
+def mlp_blocks(lm: torch.nn.Module) -> dict:
+    """The feed-forward blocks of the causal LM ``lm`` (meta device), from each decoder
+    layer's ``mlp`` (or ``feed_forward``, :data:`FFN_NAMES`): ``{"dense": [{"where",
+    "class", "intermediate_size", "act", "act_class", "layers"}, ...], "moe": {"class",
+    "reason"} | None}``. A dense entry per
+    distinct gated MLP (``where``: ``mlp`` for a layer's own MLP, ``shared_experts`` for an
+    MoE block's always-on experts; ``intermediate_size`` from its ``up_proj`` or fused
+    ``gate_up_proj``; ``act`` from :func:`activation_name`); ``moe`` is the first MoE
+    block (an ``mlp`` with ``experts``), its ``reason`` ``not covered: ...`` unless its
+    class is one of :data:`COVERED_MOE`; None for a dense model. A model with neither
+    gets an MoE entry without class whose reason says none was found."""
+    dense: dict[tuple, dict] = {}
+    moe = None
+
+    def add(module: torch.nn.Module, where: str) -> None:
+        children = dict(module.named_children())
+        if "up_proj" in children:
+            width = int(children["up_proj"].out_features)
+        elif "gate_up_proj" in children:
+            width = int(children["gate_up_proj"].out_features) // 2
+        else:
+            width = None
+        act = children.get("act_fn")
+        key = (where, type(module).__name__, width, type(act).__name__ if act is not None else None)
+        entry = dense.setdefault(
+            key,
+            {
+                "where": where,
+                "class": key[1],
+                "intermediate_size": width,
+                "act": activation_name(act) if act is not None else None,
+                "act_class": key[3],
+                "layers": 0,
+            },
+        )
+        entry["layers"] += 1
+
+    for name, module in lm.named_modules():
+        if name.rsplit(".", 1)[-1] not in FFN_NAMES or ".layers." not in name:
+            continue
+        children = dict(module.named_children())
+        if "experts" not in children:
+            add(module, "mlp")
+            continue
+        for sub in ("shared_experts", "shared_expert"):
+            if sub in children:
+                add(children[sub], "shared_experts")
+        if moe is None:
+            cls = type(module).__name__
+            extra = sorted(set(children) - {"experts", "gate"})
+            reason = None
+            if cls not in COVERED_MOE:
+                has = f"; it has {', '.join(extra)}" if extra else ""
+                reason = (
+                    f"not covered: {cls} (its routing and experts are not the softmax top-k of "
+                    f"{' / '.join(COVERED_MOE)} that the baseline computes{has})"
+                )
+            moe = {"class": cls, "reason": reason}
+    if not dense and moe is None:
+        where = " / ".join(f"layers.*.{n}" for n in FFN_NAMES)
+        moe = {"class": None, "reason": f"not covered: no feed-forward block found ({where})"}
+    return {"dense": list(dense.values()), "moe": moe}

@@ -7,7 +7,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kb_nano.operators.base import Operator, element_size, normal, shard
+from kb_nano.operators.base import (
+    NotApplicable,
+    Operator,
+    config_field,
+    dense_mlp,
+    element_size,
+    moe_not_covered,
+    normal,
+    shard,
+)
 
 
 class SiluAndMul(nn.Module):
@@ -23,14 +32,49 @@ class SiluAndMul(nn.Module):
         return F.silu(x[..., :d]) * x[..., d:]
 
 
+def _rows_width(facts: dict, num_tokens: int = 1) -> tuple[int, int]:
+    """Rows and width ``intermediate_size`` of the gated activation for ``num_tokens``
+    tokens: the model's own dense MLP's width (module tree,
+    :func:`kb_nano.operators.base.dense_mlp`) where it has one; in a model whose every
+    layer is an MoE block the harness covers, the experts' activation inside vLLM's
+    ``fused_experts`` (``num_tokens * top_k`` rows of one expert's width,
+    ``moe_intermediate_size``); else the config's ``intermediate_size``. Raises
+    ``NotApplicable`` (``not covered``) for a model whose only feed-forward blocks are MoE
+    blocks the harness does not cover (their experts' activation is theirs: gpt-oss's
+    clamped SwiGLU)."""
+    from kb_nano.operators.moe import moe_intermediate_size
+
+    dense = dense_mlp(facts)
+    if dense is None and moe_not_covered(facts):
+        raise NotApplicable(moe_not_covered(facts))
+    if dense is not None and dense["intermediate_size"]:
+        return num_tokens, int(dense["intermediate_size"])
+    if dense is None and (facts.get("mlp_blocks") or {}).get("moe"):
+        top_k = int(config_field(facts, "num_experts_per_tok", default=1))
+        return num_tokens * top_k, moe_intermediate_size(facts)
+    return num_tokens, int(facts["intermediate_size"])
+
+
 def _init_args(facts: dict, tp: int) -> dict:
-    shard(facts["intermediate_size"], tp, "intermediate_size")
+    shard(_rows_width(facts)[1], tp, "intermediate_size")
     return {}
 
 
 def _inputs(args, facts, tp, num_tokens, dtype):
-    d = shard(facts["intermediate_size"], tp, "intermediate_size")
-    return [normal("x", [num_tokens, 2 * d], dtype)]
+    rows, width = _rows_width(facts, num_tokens)
+    return [normal("x", [rows, 2 * shard(width, tp, "intermediate_size")], dtype)]
+
+
+def _uses(act: str, hidden_acts: tuple[str, ...]):
+    """``applies_to`` of a gated activation: the model's dense MLP has activation ``act``
+    (module tree), else (MoE in every layer, or no tree) the config's ``hidden_act`` is
+    one of ``hidden_acts``."""
+
+    def applies(facts: dict) -> bool:
+        dense = dense_mlp(facts)
+        return dense["act"] == act if dense is not None else facts["hidden_act"] in hidden_acts
+
+    return applies
 
 
 def _traffic(args, inputs, dtype):
@@ -92,7 +136,8 @@ OPERATORS = {
         inputs=_inputs,
         traffic=_gelu_traffic,
         used_in="layers.*.mlp.act_fn (GeGLU, between gate_up_proj and down_proj)",
-        applies_to=lambda facts: facts["hidden_act"] in GELU_TANH_ACTS,
+        applies_to=_uses("gelu_tanh", GELU_TANH_ACTS),
+        reads_module_tree=True,
         edge_cases=("tiny", "large"),
     ),
     "silu_and_mul": Operator(
@@ -103,8 +148,12 @@ OPERATORS = {
         init_args=_init_args,
         inputs=_inputs,
         traffic=_traffic,
-        used_in="layers.*.mlp.act_fn (between gate_up_proj and down_proj)",
-        applies_to=lambda facts: facts["hidden_act"] == "silu",
+        used_in=(
+            "layers.*.mlp.act_fn (between gate_up_proj and down_proj); in a model of MoE layers, between "
+            "the experts' two GEMMs (num_tokens * top_k rows, vLLM fused_experts)"
+        ),
+        applies_to=_uses("silu", ("silu",)),
+        reads_module_tree=True,
         edge_cases=("tiny", "large"),
     ),
 }

@@ -294,3 +294,17 @@ def config_field(facts: dict, *names: str, default=None):
             if source.get(name) is not None:
                 return source[name]
     return default
+
+
+def dense_mlp(facts: dict) -> dict | None:
+    """A decoder layer's own dense MLP from the module tree (the first ``where == "mlp"``
+    entry of ``facts['mlp_blocks']['dense']``: width, activation), or None: a model without
+    one (MoE in every layer), or facts without the tree."""
+    blocks = facts.get("mlp_blocks") or {}
+    return next((d for d in blocks.get("dense", []) if d["where"] == "mlp"), None)
+
+
+def moe_not_covered(facts: dict) -> str | None:
+    """The ``not covered: ...`` reason of the model's MoE block from the module tree (its
+    class is not one the baseline computes), or None."""
+    return (((facts.get("mlp_blocks") or {}).get("moe")) or {}).get("reason")

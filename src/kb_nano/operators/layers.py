@@ -210,7 +210,9 @@ def _layer_inputs(args, facts, tp, num_tokens, dtype):
     _check_sliding_window(config, num_tokens)
     return [
         normal("hidden_states", [num_tokens, config["hidden_size"]], dtype),
-        randint("positions", [num_tokens], 0, int(config["max_position_embeddings"])),
+        randint(
+            "positions", [num_tokens], 0, int(config.get("max_position_embeddings") or facts["max_position_embeddings"])
+        ),
     ]
 
 
@@ -236,7 +238,9 @@ def _model_inputs(args, facts, tp, num_tokens, dtype):
     _check_sliding_window(config, num_tokens)
     return [
         randint("input_ids", [num_tokens], 0, int(config["vocab_size"])),
-        randint("positions", [num_tokens], 0, int(config["max_position_embeddings"])),
+        randint(
+            "positions", [num_tokens], 0, int(config.get("max_position_embeddings") or facts["max_position_embeddings"])
+        ),
     ]
 
 
@@ -257,8 +261,8 @@ def _count_params(cfg) -> dict:
     routed experts), ``top_k``/``num_experts``, ``embedding``, ``lm_head`` (0 when tied) and
     ``total``."""
     lm = _meta_causal_lm(cfg)
-    decoder = lm.get_decoder()
-    layer = decoder.layers[0]
+    # the decoder's layers (get_decoder() is the whole model for some classes: Llama-4)
+    layer = next(m for n, m in lm.named_modules() if n.endswith("layers") and isinstance(m, torch.nn.ModuleList))[0]
     layer_params = sum(p.numel() for p in layer.parameters())
     expert_params = sum(p.numel() for n, p in layer.named_parameters() if ".experts." in f".{n}")
     embedding = lm.get_input_embeddings().weight.numel()

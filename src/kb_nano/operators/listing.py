@@ -217,8 +217,9 @@ def map_tables(examples: ModelExamples) -> Iterator[Table]:
     (target, level, where it is used) with one column per TP of ``examples`` holding the
     per-rank input shapes of one scenario (:func:`shape_text`; ``n/a: <reason>`` where the
     operator's rules rule that TP out, ``n/a: not covered: ...`` where the model's module
-    computes a form kb-nano does not measure); an operator with non-standard semantics
-    for the model names them (``rms_norm (gemma)``). Raises what loading a model's config raises
+    computes a form kb-nano does not measure); one row per layer kind of the operator
+    (``attention (sliding4096, sliding_window)``, ``attention (full)``), and non-standard
+    semantics named (``rms_norm (gemma)``). Raises what loading a model's config raises
     (``KbNanoError`` for a missing or unreadable config)."""
     for ref in examples.configured:
         facts = examples.facts(ref)
@@ -231,16 +232,18 @@ def map_tables(examples: ModelExamples) -> Iterator[Table]:
             table.add_column(col, overflow="fold")
         for name in operators.names():
             op = operators.get(name)
-            if not op.applies_to(facts):
-                continue
-            cells = []
-            for tp in examples.tps:
-                try:
-                    init = op.init_args(facts, tp)
-                    inputs = op.inputs(init, facts, tp, 1, facts["dtype"])
-                    cells.append(", ".join(shape_text(s) for s in inputs))
-                except NotApplicable as exc:
-                    cells.append(f"n/a: {exc}")
-            semantics = op.semantics(facts)
-            table.add_row(f"{name} ({semantics})" if semantics else name, f"L{op.level}", op.used_in, *cells)
+            for kind, overrides in op.layer_kinds(facts):
+                kind_facts = {**facts, **overrides}
+                if not op.applies_to(kind_facts):
+                    continue
+                cells = []
+                for tp in examples.tps:
+                    try:
+                        init = op.init_args(kind_facts, tp)
+                        inputs = op.inputs(init, kind_facts, tp, 1, facts["dtype"])
+                        cells.append(", ".join(shape_text(s) for s in inputs))
+                    except NotApplicable as exc:
+                        cells.append(f"n/a: {exc}")
+                label = ", ".join(filter(None, (kind, op.semantics(kind_facts))))
+                table.add_row(f"{name} ({label})" if label else name, f"L{op.level}", op.used_in, *cells)
         yield table

@@ -32,6 +32,7 @@ from kb_nano.operators.base import (
     TOLERANCES,
     NotApplicable,
     Operator,
+    dense_mlp,
     element_size,
     normal,
     shard,
@@ -90,16 +91,34 @@ class LlamaMLP(nn.Module):
         return F.linear(x, self.down_proj.weight, self.down_proj.bias)
 
 
+# activation of the module tree's MLP (kb_nano.models.module_tree.activation_name) -> hidden_act
+TREE_ACTS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+
+
 def _init_args(facts: dict, tp: int) -> dict:
-    if facts["hidden_act"] not in SUPPORTED_ACTS:
-        raise NotApplicable(f"hidden_act {facts['hidden_act']!r} is not implemented by the baseline ({SUPPORTED_ACTS})")
-    shard(facts["intermediate_size"], tp, "intermediate_size")
+    dense = dense_mlp(facts)
+    width, act = facts["intermediate_size"], facts["hidden_act"]
+    if dense is not None:  # the model's own MLP module: its width and activation
+        if dense["act"] not in TREE_ACTS or dense["intermediate_size"] is None:
+            raise NotApplicable(f"not covered: {dense['class']} (activation {dense['act_class']})")
+        width, act = dense["intermediate_size"], TREE_ACTS[dense["act"]]
+    if act not in SUPPORTED_ACTS:
+        raise NotApplicable(f"not covered: hidden_act {act!r} is not implemented by the baseline ({SUPPORTED_ACTS})")
+    shard(width, tp, "intermediate_size")
     return {
         "hidden_size": facts["hidden_size"],
-        "intermediate_size": facts["intermediate_size"],
-        "hidden_act": facts["hidden_act"],
+        "intermediate_size": width,
+        "hidden_act": act,
         "tp_size": tp,
     }
+
+
+def _uses_mlp(facts: dict) -> bool:
+    """A decoder layer with a dense MLP of its own: any, from the module tree (DeepSeek's
+    first dense layers count), else a model that is not MoE."""
+    if "mlp_blocks" in facts:
+        return dense_mlp(facts) is not None
+    return not is_moe(facts)
 
 
 def _inputs(args, facts, tp, num_tokens, dtype):
@@ -123,7 +142,8 @@ OPERATORS = {
         inputs=_inputs,
         traffic=_traffic,
         used_in="layers.*.mlp (gate_up_proj -> act_fn -> down_proj; dense models)",
-        applies_to=lambda facts: not is_moe(facts),
+        applies_to=_uses_mlp,
+        reads_module_tree=True,
         tolerance=dict(TOLERANCES["fused"]),
     ),
 }

@@ -40,6 +40,7 @@ from kb_nano.operators.base import (
     Operator,
     config_field,
     element_size,
+    moe_not_covered,
     normal,
     shard,
 )
@@ -55,7 +56,11 @@ def num_experts(facts: dict) -> int:
 
 
 def is_moe(facts: dict) -> bool:
-    """True when the model's MLPs are mixtures of experts."""
+    """True when the model's MLPs are mixtures of experts: read from its module tree
+    (``facts['mlp_blocks']``, :func:`kb_nano.models.module_tree.mlp_blocks`) when the facts
+    have it, else from the config's expert fields and model type."""
+    if "mlp_blocks" in facts:
+        return facts["mlp_blocks"]["moe"] is not None
     return num_experts(facts) > 0 or facts.get("model_type") in MOE_MODEL_TYPES
 
 
@@ -137,12 +142,16 @@ def moe_intermediate_size(facts: dict) -> int:
 
 
 def _init_args(facts: dict, tp: int) -> dict:
+    if moe_not_covered(facts):
+        raise NotApplicable(moe_not_covered(facts))
     e = num_experts(facts)
     top_k = config_field(facts, "num_experts_per_tok")
     if not e or not top_k:
         raise NotApplicable("expert fields of config.json not available (num_experts, num_experts_per_tok)")
     if facts["hidden_act"] != "silu":
-        raise NotApplicable(f"hidden_act {facts['hidden_act']!r} is not implemented by the baseline (silu)")
+        raise NotApplicable(
+            f"not covered: hidden_act {facts['hidden_act']!r} is not implemented by the baseline (silu)"
+        )
     inter = moe_intermediate_size(facts)
     shard(inter, tp, "moe intermediate_size")
     return {
@@ -184,6 +193,7 @@ OPERATORS = {
         traffic=_traffic,
         used_in="layers.*.mlp.experts / block_sparse_moe.experts (after the router gate; MoE models)",
         applies_to=is_moe,
+        reads_module_tree=True,
         tolerance=dict(TOLERANCES["fused"]),
     ),
 }

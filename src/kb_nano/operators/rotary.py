@@ -138,9 +138,18 @@ def _init_args(facts: dict, tp: int) -> dict:
     shard(facts["num_attention_heads"], tp, "num_attention_heads")
     kv_heads_per_rank(facts["num_key_value_heads"], tp)
     rope = dict(facts["rope"])
+    if "rope_theta" not in rope:  # transformers' per-layer-type parameters (Gemma-3: full and sliding layers)
+        raise NotApplicable(
+            f"not covered: rope parameters per layer type ({', '.join(sorted(set(rope) - {'rope_type'}))})"
+        )
     rope_type = rope.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise NotApplicable(f"rope_type {rope_type!r} is not implemented by the baseline ({SUPPORTED_ROPE_TYPES})")
+        raise NotApplicable(
+            f"not covered: rope_type {rope_type!r} is not implemented by the baseline ({SUPPORTED_ROPE_TYPES})"
+        )
+    turn = facts.get("rotary")  # the model's own rotation (module tree)
+    if turn is not None and not turn["neox"]:
+        raise NotApplicable(f"not covered: {turn['module']} rotates q and k its own way (no rotate_half)")
     head_dim = facts["head_dim"]
     return {
         "head_size": head_dim,
@@ -185,5 +194,6 @@ OPERATORS = {
         used_in="layers.*.self_attn.rotary_emb (on q and k after qkv_proj)",
         mutable_inputs=("query", "key"),  # vLLM's rotary_embedding rotates them in place
         tolerance=dict(TOLERANCES["rotary"]),
+        reads_module_tree=True,
     ),
 }
