@@ -257,3 +257,31 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
     assert shapes("silu_and_mul__mixtral-8x7b__tp1__n4") == [[8, 2 * 14336]]
     for s in m["scenarios"]:  # every scenario is measured or says why not
         assert s["applicable"] or s["reason"], s["scenario_id"]
+
+
+@pytest.mark.slow
+def test_a_cpu_sweep_over_other_architectures_measures_or_says_not_covered(tmp_path):
+    import json
+
+    from workflow_helpers import copy_workflow, kb_nano
+
+    work = copy_workflow(tmp_path)
+    proc = kb_nano(
+        work,
+        *("kernels", "--target", "rms_norm", "qk_norm", "--model", "gemma3-4b", "phi35-moe", "qwen3-30b-a3b"),
+        *("--tp", "1", "--num-tokens", "1", "--all-rows"),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {
+        (r["scenario_id"], r["candidate"]): r
+        for r in json.loads((work / "results/kernels.json").read_text())["rows"]
+    }
+    # Llama-form candidates are skipped on Gemma-form norms, with the reason
+    gemma = rows[("rms_norm__gemma3-4b__tp1__n1__gemma", "rms_norm/torch_fused")]
+    assert gemma["status"] == "skipped" and "supported_semantics" in gemma["error"]
+    assert rows[("qk_norm__gemma3-4b__tp1__n1__gemma", "qk_norm/fused_rms")]["status"] == "skipped"
+    # LayerNorm is not covered: n/a with the reason, no stand-in measured
+    phi = [r for (sid, _), r in rows.items() if sid == "rms_norm__phi35-moe__tp1__n1"]
+    assert phi and all(r["status"] == "skipped" and "not applicable: not covered" in r["error"] for r in phi)
+    # the Llama-form model still passes
+    assert rows[("rms_norm__qwen3-30b-a3b__tp1__n1", "rms_norm/torch_fused")]["status"] == "passed"

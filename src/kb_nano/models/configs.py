@@ -122,8 +122,10 @@ def check_config_file(ref: ModelRef, root: Path) -> None:
         raise KbNanoError(f"{path}: not a Hugging Face config.json (no 'model_type' field)")
     # transformers fills absent fields with its defaults (hidden_size 4096 for Llama):
     # shapes must come from the file itself.
-    nested = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
-    missing = [k for k in REQUIRED_FIELDS if k not in data and k not in nested]
+    # A multimodal file's text_config lists only the fields that differ from its text
+    # config class's defaults (Gemma-3's has no head counts or vocab_size): there the
+    # defaults are the model's, as the Hub file relies on them.
+    missing = [] if isinstance(data.get("text_config"), dict) else [k for k in REQUIRED_FIELDS if k not in data]
     if missing:
         raise KbNanoError(f"{path}: field(s) {', '.join(missing)} missing; kb-nano derives shapes from them")
 
