@@ -273,8 +273,7 @@ def test_a_cpu_sweep_over_other_architectures_measures_or_says_not_covered(tmp_p
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {
-        (r["scenario_id"], r["candidate"]): r
-        for r in json.loads((work / "results/kernels.json").read_text())["rows"]
+        (r["scenario_id"], r["candidate"]): r for r in json.loads((work / "results/kernels.json").read_text())["rows"]
     }
     # Llama-form candidates are skipped on Gemma-form norms, with the reason
     gemma = rows[("rms_norm__gemma3-4b__tp1__n1__gemma", "rms_norm/torch_fused")]
