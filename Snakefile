@@ -3,8 +3,11 @@
 #   kb_nano kernels --target rms_norm     # the same DAG through the CLI
 #   snakemake --cores all e2e             # Tier 2 with config e2e: (kb_nano e2e latency|throughput)
 import os
+from pathlib import Path
 
 from snakemake.utils import min_version, validate
+
+from kb_nano.config import check_schema
 
 min_version("9.0")
 
@@ -12,6 +15,8 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+# one line for bad input, not validate()'s schema dump
+check_schema(config, Path(workflow.basedir))
 validate(config, "workflow/schemas/config.schema.yaml")
 
 

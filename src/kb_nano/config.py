@@ -87,6 +87,41 @@ def first_error(config: dict, root: Path):
     return best_match(_validator(schema(root), fill=False).iter_errors(config))
 
 
+def error_text(error) -> str:
+    """One line for a schema ``error`` (:func:`first_error`): ``<key path>: <message>``,
+    with a "did you mean" for each unknown key and, for a number YAML read as a string
+    (``5e3``), how to write it."""
+    import contextlib
+
+    from kb_nano.errors import did_you_mean
+
+    where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+    hint = ""
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = (error.schema or {}).get("properties") or {}
+        unknown = [k for k in error.instance if k not in allowed]
+        if len(unknown) == 1:
+            hint = did_you_mean(unknown[0], allowed)
+        else:
+            hint = "".join(did_you_mean(k, allowed).replace("did you mean", f"{k}: did you mean") for k in unknown)
+    if error.validator == "type" and isinstance(error.instance, str):
+        with contextlib.suppress(ValueError):
+            float(error.instance)
+            hint = f" (YAML reads {error.instance} as a string; write it with a decimal point, e.g. 5.0e3)"
+    return f"{where}: {error.message}{hint}"
+
+
+def check_schema(config: dict, root: Path) -> None:
+    """The Snakefile's check before Snakemake's ``validate()``: a config that breaks the
+    schema raises ``WorkflowError`` with one line (:func:`error_text`) instead of the
+    schema dump ``validate()`` prints."""
+    error = first_error(config, root)
+    if error is not None:
+        from snakemake.exceptions import WorkflowError
+
+        raise WorkflowError(f"config {error_text(error)} (workflow/schemas/config.schema.yaml)")
+
+
 def defaults(root: Path) -> dict:
     """Every key that has a schema default, at that default (sections filled key by key)."""
     config: dict = {}

@@ -34,7 +34,7 @@ def test_list_shows_the_candidate_contract(work):
     assert out.returncode == 0, out.stderr
     assert "candidate contract" in out.stdout
     for text in (
-        "RMSNorm(hidden_size: int, eps: float = 1e-06)",
+        "RMSNorm(hidden_size: int, eps: float = 1e-06, weight_offset: float =",
         "forward(x: torch.Tensor, residual: torch.Tensor | None = None)",
         "SiluAndMul()",  # no __init__ of its own: nn.Module's takes no arguments
         "forward(x: torch.Tensor) -> torch.Tensor",

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
 from kb_nano import operators
 from kb_nano.checks import check_effective
 from kb_nano.cli import flags
-from kb_nano.config import DEFAULT_CONFIG, first_error
-from kb_nano.errors import ConfigError, KbNanoError, did_you_mean
+from kb_nano.config import DEFAULT_CONFIG, error_text, first_error
+from kb_nano.errors import ConfigError, KbNanoError
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -82,19 +81,9 @@ def preflight(
     source = source or str(DEFAULT_CONFIG)
     error = first_error(config, root)
     if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         key = error.absolute_path[0] if error.absolute_path else None
         origin = flags.FLAG_FOR_KEY.get(key, key) if key in overrides else source
-        hint = ""
-        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-            allowed = (error.schema or {}).get("properties") or {}
-            unknown = [k for k in error.instance if k not in allowed]
-            hint = did_you_mean(unknown[0], allowed) if unknown else ""
-        if error.validator == "type" and isinstance(error.instance, str):
-            with contextlib.suppress(ValueError):
-                float(error.instance)
-                hint = f" (YAML reads {error.instance} as a string; write it with a decimal point, e.g. 5.0e3)"
-        raise KbNanoError(f"{origin}: {where}: {error.message}{hint}")
+        raise KbNanoError(f"{origin}: {error_text(error)}")
     try:
         check_effective(root, config, tiers=(tier,), host=True, jobs_here=not dry_run)
     except ConfigError as exc:  # "config KEY: DETAIL" -> the flag or the file that set KEY

@@ -15,16 +15,18 @@ from kb_nano.launch import run_snakemake, run_tier, snakemake_action
 from kb_nano.paths import find_workflow_root
 
 
-def cmd_list_or_map(args, root: Path, base: dict) -> int:
+def cmd_list_or_map(args, root: Path, base: dict, specs: list[str] | None = None) -> int:
     """``kernels --list [--level N]``: the operator registry with each candidate contract
     and the baseline's state_dict shapes (:func:`kb_nano.operators.listing.operator_table`);
     ``kernels --map``: each model's operators with their per-rank input shapes at each TP
     (:func:`kb_nano.operators.listing.map_tables`). For the configured models and TPs, or
-    ``--model``/``--tp``; fitted to the console's width."""
+    ``--model``/``--tp`` (``specs``: the models ``--model`` already selected); fitted to
+    the console's width."""
     from kb_nano.console import make_console
     from kb_nano.operators.listing import ModelExamples, list_lines, map_tables, operator_table
 
-    specs = select_models(args.model, base["models"], root) if args.model else base["models"]
+    if specs is None:
+        specs = select_models(args.model, base["models"], root) if args.model else base["models"]
     examples = ModelExamples(root, specs, args.tp or base["tp"])
     console = make_console()
     if args.map:
@@ -50,7 +52,12 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
         return cmd_list_or_map(args, root, base)
     config = config_overrides(args, root, base)
     effective = preflight(root, base, config, args.configfile, dry_run=args.dry_run)
-    check_dirs(root, kbw.kernel_job_dirs(kbw.candidates(root, effective), effective))
+    chosen = kbw.candidates(root, effective)
+    for want in effective["candidates"]:  # a prefix: say what it chose (as --model does)
+        hits = [c.id for c in chosen if c.id.startswith(want)]
+        if want not in hits:
+            print(f"note: --candidate {want} selects {', '.join(hits)} (id prefix)", file=sys.stderr)
+    check_dirs(root, kbw.kernel_job_dirs(chosen, effective))
     ignored = kbw.cpu_ignored(root, effective)
     if ignored:
         print(
@@ -59,9 +66,15 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
             file=sys.stderr,
         )
     if args.map:
-        return cmd_list_or_map(args, root, base)
+        return cmd_list_or_map(args, root, base, effective["models"])
     if args.versus and not (root / "candidates" / f"{args.versus}.py").is_file():  # before the sweep, not after it
-        raise KbNanoError(f"--versus {args.versus}: no candidate file candidates/{args.versus}.py")
+        from kb_nano.candidates import discover
+        from kb_nano.errors import did_you_mean
+
+        ids = [c.id for c in discover(root)]
+        raise KbNanoError(
+            f"--versus {args.versus}: no candidate file candidates/{args.versus}.py{did_you_mean(args.versus, ids)}"
+        )
     started_at = datetime.now(UTC).isoformat(timespec="seconds")  # rows created since: measured by this run
     kbw.start_manifest(root, effective)
 

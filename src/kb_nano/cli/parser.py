@@ -60,7 +60,10 @@ def build_parser(root: Path | None = None) -> argparse.ArgumentParser:
     def add(p: argparse.ArgumentParser, table) -> None:
         flags.add_flags(p, table, schema, embedded)
 
-    parser = _Parser(prog="kb_nano", description="The ``kb_nano`` command line: a front for the Snakemake workflow.")
+    parser = _Parser(
+        prog="kb_nano",
+        description="kb-nano: benchmark candidate LLM-inference kernels (a front for its Snakemake workflow).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     k = sub.add_parser("kernels", help="Tier 1: candidates vs baselines on real model shapes")

@@ -167,7 +167,7 @@ def print_kernels(
     review = summary.get("review")
     passed = num(gm, ".3f") != "-"
     console.print(
-        f"{summary['rows']} rows: {by_status}; "
+        f"{summary['rows']} row{'' if summary['rows'] == 1 else 's'}: {by_status}; "
         + (f"pass rate {rate * 100:.0f}%" if rate is not None else "no row ran (all skipped)")
         + (f"; geomean speedup over passed {num(gm, '.3f')}x" if passed else "; no row passed")
         + (

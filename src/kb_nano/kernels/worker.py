@@ -157,7 +157,8 @@ class Side:
             return {
                 "violation": [
                     "import_error",
-                    f"moving it to the device and dtype, or loading the baseline's state_dict: {explain(exc)}",
+                    f"{self.cls.__name__} moved to the device and dtype, then loading the baseline's state_dict: "
+                    f"{explain(exc)} (its state_dict keys and shapes must be the baseline's: kb_nano kernels --list)",
                 ]
             }
         finally:
