@@ -23,6 +23,7 @@ ROWS = [
     row("silu_and_mul", "inplace", n=64, status="incorrect"),
 ]
 KEY = "rms_norm__llama31-8b__tp1__n1/rms_norm/torch_fused"
+ROW_METRIC = "rms_norm/llama31-8b__tp1__n1 torch_fused"  # the row's speedup metric after "speedup/"
 
 
 def test_metric_names_are_legal_stable_and_distinct():
@@ -57,18 +58,21 @@ def two_runs(tmp_path_factory):
 
 
 def test_per_scenario_metrics_chart_one_row_across_runs(two_runs):
+    """Each passed row is one metric, its speedup, named by target then scenario and
+    candidate (the UI's metrics tab: one section per target); its interval and medians
+    are in the table artifact only."""
     uri, (a, b) = two_runs
     c = tracking.client(uri)
     m = c.get_run(a["run_id"]).data.metrics
-    assert m[f"speedup/{KEY}"] == pytest.approx(1.2)
-    assert m[f"speedup_ci_low/{KEY}"] == pytest.approx(1.1) and m[f"speedup_ci_high/{KEY}"] == pytest.approx(1.3)
-    assert m[f"baseline_ms/{KEY}"] == pytest.approx(0.02) and m[f"candidate_ms/{KEY}"] == pytest.approx(0.02 / 1.2)
-    assert m["speedup/rms_norm__llama31-8b__tp1__n64/rms_norm/torch_fused"] == pytest.approx(0.9)
-    assert not any("triton_rowwise" in k or "silu_and_mul__" in k for k in m if k.startswith("speedup/"))
+    assert m[f"speedup/{ROW_METRIC}"] == pytest.approx(1.2)
+    assert m["speedup/rms_norm/llama31-8b__tp1__n64 torch_fused"] == pytest.approx(0.9)
+    per_row = sorted(k for k in m if k.startswith("speedup/"))
+    assert per_row == [f"speedup/{ROW_METRIC}", "speedup/rms_norm/llama31-8b__tp1__n64 torch_fused"]
+    assert not any(k.startswith(("speedup_ci_", "baseline_ms/", "candidate_ms/")) for k in m)
     assert m["geomean_speedup"] == pytest.approx((1.2 * 0.9) ** 0.5)  # the summary is still there
     # one scenario across runs, as the UI's chart of that metric reads it
     runs = c.search_runs([a["experiment_id"]], order_by=["attributes.start_time ASC"])
-    assert [r.data.metrics[f"speedup/{KEY}"] for r in runs] == pytest.approx([1.2, 1.5])
+    assert [r.data.metrics[f"speedup/{ROW_METRIC}"] for r in runs] == pytest.approx([1.2, 1.5])
 
 
 def test_thousands_of_rows_are_logged_in_batches(tmp_path):
@@ -76,8 +80,7 @@ def test_thousands_of_rows_are_logged_in_batches(tmp_path):
     rec = tracking.log_kernels(**result_set(tmp_path, rows), tracking_uri=tracking.default_tracking_uri(tmp_path))
     m = tracking.client(rec["tracking_uri"]).get_run(rec["run_id"]).data.metrics
     assert sum(k.startswith("speedup/") for k in m) == 1100
-    assert sum(k.startswith("candidate_ms/") for k in m) == 1100
-    assert m["speedup/rms_norm__llama31-8b__tp1__n1100/rms_norm/torch_fused"] == pytest.approx(1.1099)
+    assert m["speedup/rms_norm/llama31-8b__tp1__n1100 torch_fused"] == pytest.approx(1.1099)
 
 
 def test_the_merged_rows_are_a_table_artifact(two_runs, monkeypatch):
@@ -87,10 +90,12 @@ def test_the_merged_rows_are_a_table_artifact(two_runs, monkeypatch):
     tags = c.get_run(a["run_id"]).data.tags
     assert json.loads(tags["mlflow.loggedArtifacts"]) == [{"path": "tables/kernels.json", "type": "table"}]
     table = c.load_table(a["experiment_id"], "tables/kernels.json", run_ids=[a["run_id"]])
-    assert list(table.columns[: len(tracking.kernels.TABLE_COLUMNS)]) == list(tracking.kernels.TABLE_COLUMNS)
+    assert list(table.columns) == list(tracking.kernels.TABLE_COLUMNS)
+    assert list(table.columns[:4]) == ["scenario_id", "candidate", "status", "speedup"]  # what the UI shows first
     assert len(table) == len(ROWS)
     first = table[table["scenario_id"] == "rms_norm__llama31-8b__tp1__n1"].iloc[0]
     assert first["candidate"] == "rms_norm/torch_fused" and first["speedup"] == pytest.approx(1.2)
+    assert first["candidate_ms"] == 0.01667  # 0.02 / 1.2 to 4 significant digits
 
 
 def test_run_name_is_the_id_the_cli_and_history_show(two_runs, tmp_path, capsys):
@@ -176,9 +181,10 @@ def test_experiments_are_run_based_for_the_ui(two_runs, tmp_path):
 
 @pytest.mark.slow
 def test_mlflow_ui_links_open_the_runs_table(tmp_path, capsys):
-    """The runs-page URLs `kb_nano mlflow-ui` prints ask for the UI's machine-learning
-    layout (MLflow 3.17 shows the GenAI layout unless the URL's workflowType says
-    otherwise), and the experiment id in them is the server's."""
+    """The URLs `kb_nano mlflow-ui` prints (each experiment's runs page with the kb-nano
+    view, its newest run's page) ask for the UI's machine-learning layout (MLflow 3.17
+    shows the GenAI layout unless the URL's workflowType says otherwise), and the ids in
+    them are the server's."""
     from kb_nano.tracking.ui import print_experiment_urls
 
     with mlflow_server(tmp_path) as url:
@@ -187,8 +193,11 @@ def test_mlflow_ui_links_open_the_runs_table(tmp_path, capsys):
         with urllib.request.urlopen(url + "/", timeout=10) as resp:
             assert resp.status == 200
     out = capsys.readouterr().out
-    expected = f"kb_nano/kernels runs: {url}/#/experiments/{rec['experiment_id']}/runs?workflowType=machine_learning"
-    assert expected in out
+    exp_id = rec["experiment_id"]
+    runs = f"{url}/#/experiments/{exp_id}/runs?viewStateShareKey=kb_nano&workflowType=machine_learning"
+    assert f"kb_nano/kernels runs: {runs}\n" in out
+    newest = f"{url}/#/experiments/{exp_id}/runs/{rec['run_id']}?workflowType=machine_learning"
+    assert f"kb_nano/kernels newest run {rec['run_name']}: {newest}\n" in out
 
 
 def _git(repo, *args):
@@ -269,6 +278,30 @@ def test_a_filtered_rerun_that_measured_nothing_logs_no_run(tmp_path, capsys):
     both, _ = _log(tmp_path / "both", [again, full[1], full[2]], uri, "rms_norm silu_and_mul")
     assert both["created"] and "recorded_in" not in both
     assert len(history.list_runs(uri)) == 3
+
+
+def test_a_run_of_the_five_metrics_per_row_holds_its_rows(tmp_path, monkeypatch):
+    """A run logged while kb-nano recorded five metrics per row (``candidate_ms/...``,
+    no ``speedup/<target>/...``) still holds its rows: a filtered rerun of them logs no run."""
+    from kb_nano.tracking import kernels
+
+    def five_per_row(rows):
+        fields = ("speedup", "speedup_ci_low", "speedup_ci_high", "baseline_ms", "candidate_ms")
+        passed = [r for r in rows if r["status"] == "passed"]
+        named = ((tracking.metric_name(f, r["scenario_id"], r["candidate"]), r.get(f)) for r in passed for f in fields)
+        return {name: v for name, v in named if v is not None}
+
+    uri = tracking.default_tracking_uri(tmp_path)
+    full = [_measured("rms_norm", 1, 1.2, 1), _measured("rms_norm", 64, 0.9, 2)]
+    monkeypatch.setattr(kernels, "scenario_metrics", five_per_row)
+    old, _ = _log(tmp_path / "old", full, uri, "full")
+    assert (
+        "candidate_ms/rms_norm__llama31-8b__tp1__n1/rms_norm/torch_fused"
+        in tracking.client(uri).get_run(old["run_id"]).data.metrics
+    )
+    monkeypatch.undo()
+    view, _ = _log(tmp_path / "view", full[:1], uri, "n1")
+    assert not view["created"] and view["recorded_in"][0]["run_id"] == old["run_id"]
 
 
 def test_a_view_of_an_edited_candidate_is_not_the_recorded_one(tmp_path):

@@ -14,29 +14,28 @@ from kb_nano.tracking.digest import candidate_hashes, file_sha256, result_digest
 from kb_nano.tracking.recorded import recorded_in
 from kb_nano.tracking.runs import log_run
 from kb_nano.tracking.selection import row_variant
-from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, CONFIG_KEY, metric_name
+from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, CONFIG_KEY, row_metric_name
 
-# Per passed row, logged as ``<field>/<scenario_id>/<candidate>`` (see scenario_metrics).
-SCENARIO_METRICS = ("speedup", "speedup_ci_low", "speedup_ci_high", "baseline_ms", "candidate_ms")
-# The columns of the run's table artifact (TABLE_ARTIFACT), in this order.
+# The columns of the run's table artifact (TABLE_ARTIFACT), in this order: what answers
+# "is it correct, how much faster" first (the MLflow UI shows the leftmost columns).
 TABLE_COLUMNS = (
     "scenario_id",
-    "target",
-    "model",
-    "tp",
-    "num_tokens",
     "candidate",
     "status",
-    "baseline_ms",
-    "candidate_ms",
     "speedup",
     "speedup_ci_low",
     "speedup_ci_high",
     "significant",
-    "speedup_basis",
+    "baseline_ms",
+    "candidate_ms",
     "max_abs_err",
     "review",
     "error",
+    "target",
+    "model",
+    "tp",
+    "num_tokens",
+    "speedup_basis",
     "device_name",
 )
 TABLE_ARTIFACT = "tables/kernels.json"
@@ -87,27 +86,31 @@ def kernel_metrics(rows: list[dict]) -> dict[str, float]:
 
 
 def scenario_metrics(rows: list[dict]) -> dict[str, float]:
-    """Per passed row, its :data:`SCENARIO_METRICS` (speedup, its 95% rerun interval, the
-    baseline and candidate medians in ms) named :func:`metric_name` ``(field, scenario_id,
-    candidate)``, e.g. ``speedup/rms_norm__llama31-8b__tp1__n64/rms_norm/torch_fused``: the
-    same row has the same name in every run, so MLflow charts it across runs. None and
-    non-finite values are left out."""
+    """Per passed row, its speedup named :func:`~kb_nano.tracking.store.row_metric_name`,
+    e.g. ``speedup/rms_norm/rms_norm__llama31-8b__tp1__n64 torch_fused``: the same row has
+    the same name in every run, so MLflow charts it across runs. The row's interval and
+    medians are in the run's table (:func:`table_rows`), not metrics: the UI's metrics tab
+    draws one chart per metric. None and non-finite speedups are left out."""
     m: dict[str, float] = {}
     for r in rows:
-        if r["status"] != "passed":
-            continue
-        for field in SCENARIO_METRICS:
-            v = r.get(field)
-            if v is not None and math.isfinite(float(v)):
-                m[metric_name(field, r["scenario_id"], r["candidate"])] = float(v)
+        v = r.get("speedup")
+        if r["status"] == "passed" and v is not None and math.isfinite(float(v)):
+            m[row_metric_name(r)] = float(v)
     return m
 
 
 def table_rows(rows: list[dict]) -> list[dict]:
     """The rows as the run's table artifact shows them: :data:`TABLE_COLUMNS` only, sorted
-    by scenario and candidate."""
+    by scenario and candidate, numbers other than integers to 4 significant digits (the
+    full values are in the run's ``results/`` files)."""
     ordered = sorted(rows, key=lambda r: (r["scenario_id"], r["candidate"]))
-    return [{k: r.get(k) for k in TABLE_COLUMNS} for r in ordered]
+    return [{k: _shown(r.get(k)) for k in TABLE_COLUMNS} for r in ordered]
+
+
+def _shown(value):
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.4g}")
+    return value
 
 
 def _distinct(rows: list[dict], field: str, sep: str = ",") -> str:
@@ -188,7 +191,7 @@ def log_kernels(
     """Log the merged kernel results (``results/kernels.parquet`` + JSON) as one run of
     ``kb_nano/kernels`` via :func:`log_run`, keyed by :func:`result_digest` of the rows,
     the manifest and the candidate hashes. Metrics: :func:`kernel_metrics` (the summary)
-    and :func:`scenario_metrics` (per passed row). Artifacts: ``results/`` (Parquet, JSON,
+    and :func:`scenario_metrics` (each passed row's speedup). Artifacts: ``results/`` (Parquet, JSON,
     and ``tables``, e.g. the HTML table of :mod:`kb_nano.tracking.report_table`),
     ``plots/``, ``inputs/`` (manifest) and the table ``tables/kernels.json``
     (:func:`table_rows`, shown as a table in the UI). Writes the record as JSON to

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kb_nano.errors import KbNanoError
 from kb_nano.tracking.digest import canonical_rows
-from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, ROWS_ARTIFACT, _retry, metric_name
+from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, ROWS_ARTIFACT, _retry, metric_name, row_metric_name
 
 # Tier -> the fields naming a row (one candidate on one scenario) across runs.
 ROW_KEYS = {"kernels": ("scenario_id", "candidate")}
@@ -77,36 +77,44 @@ def _canonical(row: dict) -> str:
 def _may_hold(run, row: dict, candidate_sha: str | None) -> bool:
     """A cheap check before downloading a run's rows: a run holding ``row`` lists its
     target, records the candidate source ``candidate_sha`` (when given), and has a passed
-    row's ``candidate_ms`` metric at the row's value (so runs logged before kb-nano
-    recorded per-row metrics hold no passed row)."""
+    row's per-row metric at the row's value (:func:`_probes`; so runs logged before
+    kb-nano recorded per-row metrics hold no passed row)."""
     tags, metrics = run.data.tags, run.data.metrics
     if row.get("target") not in (tags.get("kb_nano.targets") or "").split(","):
         return False
     if candidate_sha is not None and tags.get(f"{CANDIDATE_TAG_PREFIX}{row.get('candidate')}") != candidate_sha:
         return False
-    value = _metric_value(row)
-    return value is None or metrics.get(metric_name("candidate_ms", row["scenario_id"], row["candidate"])) == value
+    probes = _probes(row)
+    return not probes or any(metrics.get(name) == value for name, value in probes)
 
 
 def _newest_is_logged(mlflow_client, experiment_id: str, where: str, rows: list[dict]) -> bool:
     """False when the most recently measured passed row is certainly in no run: no run has
-    its ``candidate_ms`` metric at its value (one query in the store; a row this
-    invocation measured fails it, so a result set with a new row costs no scan of the
-    runs). True when it may be logged or no passed row can be probed."""
-    probes = [r for r in rows if _created(r) is not None and _metric_value(r) is not None]
-    if not probes:
+    its per-row metric at its value (:func:`_probes`: one query in the store per name; a
+    row this invocation measured fails them, so a result set with a new row costs no scan
+    of the runs). True when it may be logged or no passed row can be probed."""
+    probed = [r for r in rows if _created(r) is not None and _probes(r)]
+    if not probed:
         return True
-    row = max(probes, key=_created)
-    name = metric_name("candidate_ms", row["scenario_id"], row["candidate"])
-    query = f"{where} and metrics.`{name}` = {row['candidate_ms']!r}"
-    return bool(_retry(mlflow_client.search_runs, [experiment_id], query, max_results=1))
+    newest = max(probed, key=_created)
+    return any(
+        _retry(mlflow_client.search_runs, [experiment_id], f"{where} and metrics.`{name}` = {value!r}", max_results=1)
+        for name, value in _probes(newest)
+    )
 
 
-def _metric_value(row: dict) -> float | None:
-    """A passed row's ``candidate_ms``, which its run logs as a per-row metric; else None."""
-    value = row.get("candidate_ms")
-    ok = row.get("status") == "passed" and isinstance(value, float) and math.isfinite(value)
-    return value if ok else None
+def _probes(row: dict) -> list[tuple[str, float]]:
+    """The per-row metrics a run holding a passed ``row`` logged for it, as ``(name,
+    value)``: its speedup (:func:`~kb_nano.tracking.store.row_metric_name`), and the
+    ``candidate_ms/<scenario_id>/<candidate>`` metric of runs logged while kb-nano recorded
+    five metrics per row. Empty for a row that did not pass."""
+    if row.get("status") != "passed":
+        return []
+    named = (
+        (row_metric_name(row), row.get("speedup")),
+        (metric_name("candidate_ms", row["scenario_id"], row["candidate"]), row.get("candidate_ms")),
+    )
+    return [(name, v) for name, v in named if isinstance(v, float) and math.isfinite(v)]
 
 
 def recorded_in(

@@ -25,6 +25,7 @@ from kb_nano.tracking.store import (
     experiment_name,
     store_lock,
 )
+from kb_nano.tracking.ui_view import ensure_view
 
 
 def ensure_experiment(mlflow_client, tier: str, uri: str) -> str:
@@ -32,28 +33,28 @@ def ensure_experiment(mlflow_client, tier: str, uri: str) -> str:
     store's ``mlflow-artifacts/{tier}`` as an absolute ``file://`` URI) or restoring it if
     deleted. Safe against a concurrent creator. The experiment carries
     ``mlflow.experimentKind = custom_model_development`` (set on an existing one that
-    lacks it): a run-based experiment, which MLflow UIs that read the tag show as the runs
-    table rather than the GenAI (traces) layout."""
+    lacks it; the run-based kind, for MLflow UIs that choose their layout by it) and the
+    kb-nano view of its runs table (:func:`kb_nano.tracking.ui_view.ensure_view`)."""
     from mlflow.exceptions import MlflowException
 
     name = experiment_name(tier)
     exp = _retry(mlflow_client.get_experiment_by_name, name)
-    if exp is not None:
-        if exp.lifecycle_stage == "deleted":
-            _retry(mlflow_client.restore_experiment, exp.experiment_id)
-        if EXPERIMENT_KIND_TAG not in exp.tags:
-            _retry(mlflow_client.set_experiment_tag, exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-        return exp.experiment_id
-    root = artifact_root(uri)
-    location = (root / tier).resolve().as_uri() if root else None
-    tags = {"kb_nano.tier": tier, EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
-    try:
-        return _retry(mlflow_client.create_experiment, name, artifact_location=location, tags=tags)
-    except MlflowException:
-        exp = mlflow_client.get_experiment_by_name(name)  # a concurrent writer created it
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        root = artifact_root(uri)
+        location = (root / tier).resolve().as_uri() if root else None
+        tags = {"kb_nano.tier": tier, EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+        try:
+            _retry(mlflow_client.create_experiment, name, artifact_location=location, tags=tags)
+        except MlflowException:
+            if _retry(mlflow_client.get_experiment_by_name, name) is None:
+                raise  # not a concurrent writer that created it first
+        exp = _retry(mlflow_client.get_experiment_by_name, name)
+    if exp.lifecycle_stage == "deleted":
+        _retry(mlflow_client.restore_experiment, exp.experiment_id)
+    if EXPERIMENT_KIND_TAG not in exp.tags:
+        _retry(mlflow_client.set_experiment_tag, exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    ensure_view(mlflow_client, exp, tier)
+    return exp.experiment_id
 
 
 def find_runs_by_digest(mlflow_client, experiment_id: str, digest: str) -> list:

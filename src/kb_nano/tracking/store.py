@@ -35,8 +35,10 @@ RUN_NAME_CHARS = 12  # a run is named by this prefix of its id: what `kb_nano hi
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # a run's table artifacts (MlflowClient.log_table)
-# MLflow 3.17's UI picks its layout from this query parameter (default: GenAI), not the tag
+# MLflow 3.17's UI picks its layout from this query parameter, else from what the browser
+# stored when the user last used the sidebar's GenAI / Model training switch (default: GenAI)
 UI_WORKFLOW_QUERY = "workflowType=machine_learning"
+ROW_METRIC = "speedup"  # the one per-row metric of a kernel run (row_metric_name)
 _METRIC_ILLEGAL = re.compile(r"[^A-Za-z0-9_\-. ]")
 
 
@@ -64,6 +66,19 @@ def metric_name(*parts: str) -> str:
         tag = hashlib.sha256(raw.encode()).hexdigest()[:8]
         name = name[: MAX_METRIC_NAME_CHARS - len(tag) - 1] + "-" + tag
     return name
+
+
+def row_metric_name(row: dict) -> str:
+    """The per-row metric of a passed kernel row: its speedup, named
+    ``speedup/<target>/<scenario> <candidate>`` where scenario and candidate are the ids
+    without their ``<target>__`` and ``<target>/`` prefixes (:func:`metric_name` makes the
+    name legal), e.g. ``speedup/rms_norm/llama31-8b__tp1__n64 torch_fused``. The same row
+    has the same name in every run; the MLflow UI groups a run's charts by what precedes
+    the last ``/``, so one section per target holds a chart per scenario and candidate."""
+    target = str(row["target"])
+    scenario = str(row["scenario_id"]).removeprefix(f"{target}__")
+    candidate = str(row["candidate"]).removeprefix(f"{target}/")
+    return metric_name(ROW_METRIC, target, f"{scenario} {candidate}")
 
 
 def marker_path(tier: str) -> str:

@@ -16,6 +16,7 @@ import urllib.request
 from kb_nano.errors import KbNanoError
 from kb_nano.interrupts import interrupts, on_parent_death, stop_group
 from kb_nano.tracking.store import UI_WORKFLOW_QUERY, artifact_root, check_reachable, is_server, sqlite_path
+from kb_nano.tracking.ui_view import VIEW_QUERY
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 STOP_GRACE_S = 15  # after SIGTERM to the server's group, before SIGKILL
@@ -29,21 +30,48 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def runs_page_url(url: str, experiment_id: str) -> str:
+    """The runs page of an experiment in the UI at ``url`` (ending in ``/``): the
+    kb-nano view's columns (:mod:`kb_nano.tracking.ui_view`) in the machine-learning
+    layout (MLflow 3.17 otherwise opens on its GenAI layout)."""
+    return f"{url}#/experiments/{experiment_id}/runs?{VIEW_QUERY}&{UI_WORKFLOW_QUERY}"
+
+
+def run_page_url(url: str, experiment_id: str, run_id: str) -> str:
+    """A run's page in the UI at ``url`` (ending in ``/``), in the machine-learning layout."""
+    return f"{url}#/experiments/{experiment_id}/runs/{run_id}?{UI_WORKFLOW_QUERY}"
+
+
+def _api(url: str, path: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    with urllib.request.urlopen(urllib.request.Request(url + path, data, headers), timeout=10) as resp:
+        return json.load(resp)
+
+
 def print_experiment_urls(url: str) -> None:
-    """Print the runs page of each kb-nano experiment of the UI at ``url`` (ending in
-    ``/``), in the UI's machine-learning layout (the runs table; MLflow 3 opens on its
-    GenAI layout unless the URL asks otherwise). Prints nothing when the server's REST API
-    does not answer within 10 s or answers with something other than JSON."""
+    """Print, for each kb-nano experiment of the UI at ``url`` (ending in ``/``), its
+    runs page (:func:`runs_page_url`) and the page of its newest finished run
+    (:func:`run_page_url`). Prints nothing more when the server's REST API does not
+    answer within 10 s or answers with something other than JSON."""
     try:
-        with urllib.request.urlopen(f"{url}api/2.0/mlflow/experiments/search?max_results=100", timeout=10) as resp:
-            experiments = json.load(resp).get("experiments", [])
-    except (OSError, ValueError):
+        experiments = _api(url, "api/2.0/mlflow/experiments/search?max_results=100").get("experiments", [])
+        for exp in experiments:
+            if not exp["name"].startswith("kb_nano/"):
+                continue
+            print(f"  {exp['name']} runs: {runs_page_url(url, exp['experiment_id'])}", flush=True)
+            query = {
+                "experiment_ids": [exp["experiment_id"]],
+                "filter": "attributes.status = 'FINISHED'",
+                "max_results": 1,
+                "order_by": ["attributes.start_time DESC"],
+            }
+            for run in _api(url, "api/2.0/mlflow/runs/search", query).get("runs", []):
+                info = run["info"]
+                page = run_page_url(url, exp["experiment_id"], info["run_id"])
+                print(f"  {exp['name']} newest run {info.get('run_name') or info['run_id']}: {page}", flush=True)
+    except (OSError, ValueError, KeyError):
         return
-    for exp in experiments:
-        if exp["name"].startswith("kb_nano/"):
-            print(
-                f"  {exp['name']} runs: {url}#/experiments/{exp['experiment_id']}/runs?{UI_WORKFLOW_QUERY}", flush=True
-            )
 
 
 def serve_ui(
