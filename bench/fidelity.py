@@ -37,11 +37,7 @@ Triton and (for the ncu table) ``ncu``; exits 1 when a row disagrees.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
-import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -50,86 +46,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from fidelity_ncu import ncu_ms
+from fidelity_rows import REPO, input_sets, modules, rows_of, settings, slots
 
-REPO = Path(__file__).resolve().parents[1]
-NCU_CALLS = 5
 KERNEL_REL, KERNEL_ABS_MS, GRAPH_REL = 0.05, 0.001, 0.05
-
-
-def rows_of(a) -> list[tuple[dict, str]]:
-    """(scenario, candidate id) pairs of the run."""
-    from kb_nano.kernels.manifest import generate
-
-    manifest = generate([a.model], [1], a.num_tokens, "auto", REPO, context_lens=a.context_lens)
-    out = []
-    for s in manifest["scenarios"]:
-        if not s.get("applicable", True) or s["target"] not in a.targets:
-            continue
-        if s.get("context_len") and s["num_tokens"] > a.max_decode_tokens:
-            continue
-        if s["target"] == "attention" and not s.get("context_len") and s["num_tokens"] > a.max_prefill_tokens:
-            continue
-        for f in sorted((REPO / "candidates" / s["target"]).glob("*.py")):
-            out.append((s, f"{s['target']}/{f.stem}"))
-    return out
-
-
-def settings() -> dict:
-    """A kernel job's settings (the config schema's defaults, workflow/schemas/config.schema.yaml)."""
-    return {
-        "device": "cuda",
-        "atol": None,
-        "rtol": None,
-        "num_warmup": 10,
-        "num_runs": 100,
-        "num_trials": 3,
-        "num_threads": 1,
-        "timeout_s": 600,
-        "seed": None,
-        "golden": None,
-        "cuda_graph": True,
-        "speedup_basis": "auto",
-        "ci_target": 0.02,
-        "max_timing_s": 1.0,
-        "float32_matmul_precision": "highest",
-        "memory_limit_gb": None,
-        "roofline": None,
-    }
-
-
-def modules(scenario: dict, candidate: str, device: torch.device) -> dict:
-    """The baseline and the candidate module of a row, the same parameters, as the workers
-    build them."""
-    from kb_nano import operators
-    from kb_nano.candidates import load_class
-    from kb_nano.kernels.inputs import randomize_constant_parameters
-    from kb_nano.operators.base import DTYPES
-
-    op = operators.get(scenario["target"])
-    dtype = DTYPES[scenario["dtype"]]
-    torch.manual_seed(0)
-    base = op.baseline(**scenario["init_args"])
-    randomize_constant_parameters(base, 0)
-    base = base.to(device=device, dtype=dtype).eval()
-    cls = load_class(REPO / "candidates" / f"{candidate}.py", scenario["target"])
-    cand = cls(**scenario["init_args"]).to(device=device, dtype=dtype)
-    cand.load_state_dict(base.state_dict())
-    return {"baseline": base, "candidate": cand.eval()}
-
-
-def input_sets(scenario: dict, device: torch.device, k: int) -> list[list]:
-    from kb_nano.kernels.inputs import generator, make_inputs
-
-    gen = generator(device, 0)
-    return [make_inputs(scenario, gen, str(device), None, REPO, draw=i)[0] for i in range(k)]
-
-
-def slots(scenario: dict, eager_ms: float, device: torch.device) -> int:
-    """How many input slots the judge gives this scenario (:func:`kb_nano.kernels.blocks.batch_calls`)."""
-    from kb_nano.kernels.blocks import batch_calls
-    from kb_nano.operators.base import spec_bytes
-
-    return batch_calls(eager_ms, 3 * sum(spec_bytes(s) for s in scenario["inputs"]), device, 100)
 
 
 def do_bench_graph_ms(module, sets: list[list], ring: bool = True, rep: int = 100) -> tuple[float, float | None]:
@@ -225,87 +145,6 @@ def flush_compare_us(module, inputs: list, device: torch.device, calls: int = 30
     return out
 
 
-def ncu_child(spec_path: str) -> None:
-    """Runs under ncu: every module of the rows, ``NCU_CALLS`` calls each, a marker kernel
-    and kb-nano's flush before each call; profiling only around those calls."""
-    from kb_nano.kernels.timing import L2Flush
-
-    device = torch.device("cuda")
-    jobs = json.loads(Path(spec_path).read_text())
-    flush = L2Flush(device)
-    built = []
-    with torch.inference_mode():
-        for scenario, candidate in jobs:
-            mods = modules(scenario, candidate, device)
-            inputs = input_sets(scenario, device, 1)[0]
-            for who in ("baseline", "candidate"):
-                for _ in range(3):
-                    mods[who](*inputs)
-                built.append((mods[who], inputs))
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        for module, inputs in built:
-            for _ in range(NCU_CALLS):
-                torch.cuda._sleep(100)
-                flush()
-                module(*inputs)
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
-
-
-def ncu_ms(jobs: list, out_dir: Path) -> list[tuple[float, float]] | str:
-    """Per job, (baseline, candidate) median ncu time of one call in ms; or why not."""
-    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    if not Path(ncu).exists():
-        return "ncu not found"
-    spec = out_dir / "ncu_jobs.json"
-    spec.write_text(json.dumps(jobs))
-    cmd = [
-        ncu,
-        "--profile-from-start",
-        "off",
-        "--cache-control",
-        "none",
-        "--clock-control",
-        "none",
-        "--metrics",
-        "gpu__time_duration.sum",
-        "--csv",
-        "--page",
-        "raw",
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--ncu-child",
-        str(spec),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
-    (out_dir / "ncu.log").write_text(proc.stdout[-200000:] + "\n--- stderr ---\n" + proc.stderr[-20000:])
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
-    if proc.returncode != 0 or not lines:
-        return f"ncu failed (exit {proc.returncode}); see {out_dir / 'ncu.log'}"
-    table = list(csv.DictReader(io.StringIO("\n".join(lines))))
-    kernels = [(r["Kernel Name"], r["gpu__time_duration.sum"]) for r in table if r.get("gpu__time_duration.sum")]
-    units = table[0].get("gpu__time_duration.sum") if table and not (table[0].get("ID") or "").isdigit() else "nsecond"
-    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}.get(units, 1e-6)
-    calls, cur = [], None
-    for name, value in kernels:
-        try:
-            v = float(value.replace(",", ""))
-        except ValueError:
-            continue
-        if "spin" in name:  # the marker: a new call; the next kernel is the flush
-            cur = {"skip": 1, "ms": 0.0}
-            calls.append(cur)
-        elif cur is not None and cur["skip"]:
-            cur["skip"] = 0
-        elif cur is not None:
-            cur["ms"] += v * scale
-    if len(calls) != 2 * NCU_CALLS * len(jobs):
-        return f"ncu gave {len(calls)} calls, expected {2 * NCU_CALLS * len(jobs)}; see {out_dir / 'ncu.log'}"
-    med = [statistics.median(c["ms"] for c in calls[i : i + NCU_CALLS]) for i in range(0, len(calls), NCU_CALLS)]
-    return [(med[2 * j], med[2 * j + 1]) for j in range(len(jobs))]
-
-
 def mhz(v) -> str:
     return "-" if v is None else f"{v:.0f}"
 
@@ -319,11 +158,11 @@ def report(rows: list[dict], ncu_note: str | None, head: str) -> tuple[str, int]
     out += [
         "## Kernel time (CUPTI) vs ncu",
         "",
-        "| row | side | kb-nano kernel ms | ncu ms | diff | agrees |",
-        "| --- | --- | ---: | ---: | ---: | :---: |",
+        "| row | side | kernels: kb-nano / ncu | kb-nano kernel ms | ncu ms | diff | agrees |",
+        "| --- | --- | ---: | ---: | ---: | ---: | :---: |",
     ]
     if ncu_note:
-        out.append(f"| ncu not run: {ncu_note} | | | | | |")
+        out.append(f"| ncu not run: {ncu_note} | | | | | | |")
     for r in rows:
         for side in ("baseline", "candidate"):
             kb, ref = r[f"{side}_kernel_ms"], r.get(f"ncu_{side}_ms")
@@ -332,7 +171,8 @@ def report(rows: list[dict], ncu_note: str | None, head: str) -> tuple[str, int]
             ok = kernel_ok(kb, ref)
             bad += not ok
             out.append(
-                f"| {r['row']} | {side} | {kb:.4f} | {ref:.4f} | {100 * (kb / ref - 1):+.1f}% | "
+                f"| {r['row']} | {side} | {r.get(f'{side}_kernels')} / {r.get(f'ncu_{side}_kernels')} "
+                f"| {kb:.4f} | {ref:.4f} | {100 * (kb / ref - 1):+.1f}% | "
                 f"{'yes' if ok else '**no**'} |"
             )
     out += [
@@ -409,11 +249,7 @@ def main() -> int:
     parser.add_argument("--sweeps", type=int, default=2, choices=[1, 2])
     parser.add_argument("--no-ncu", action="store_true")
     parser.add_argument("--out", default=None, help="directory for rows.json, report.md and ncu.log")
-    parser.add_argument("--ncu-child", help=argparse.SUPPRESS)
     a = parser.parse_args()
-    if a.ncu_child:
-        ncu_child(a.ncu_child)
-        return 0
     if not torch.cuda.is_available():
         print("bench/fidelity.py: needs a CUDA device", file=sys.stderr)
         return 2
@@ -461,7 +297,9 @@ def main() -> int:
             note = got
         else:
             for r, (b, c) in zip(rows, got):
-                r["ncu_baseline_ms"], r["ncu_candidate_ms"] = b, c
+                for side, n in (("baseline", b), ("candidate", c)):
+                    r[f"ncu_{side}_ms"], r[f"ncu_{side}_kernels"] = n["ms"], n["kernels"]
+                    r[f"ncu_{side}_names"] = n["names"]
     smi = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True
     ).stdout.strip()
