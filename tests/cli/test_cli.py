@@ -24,6 +24,15 @@ def test_list_shows_every_operator(work):
     assert "rms_norm" in level1.stdout and "L1" in level1.stdout
 
 
+def test_map_and_list_keep_transformers_config_warnings_off_the_terminal(work):
+    """Reading a config with generation fields and the old ``torch_dtype`` key (Gemma-3's
+    multimodal file) and building it on the meta device prints no transformers warnings."""
+    for args in (("--map", "--model", "gemma3-4b", "--target", "rms_norm"), ("--list",)):
+        out = kb_nano(work, "kernels", *args)
+        assert out.returncode == 0, out.stderr
+        assert "[transformers]" not in out.stderr, out.stderr
+
+
 def test_list_shows_the_candidate_contract(work):
     """`kernels --list` shows each baseline's constructor and forward signatures: what a
     candidate must accept."""

@@ -178,6 +178,22 @@ def config_imports_only():
                 del sys.modules[name]
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """Within this block transformers logs errors only: its warnings about config fields
+    kb-nano does not use (generation flags such as ``cache_implementation``, the
+    ``torch_dtype`` key of older config.json files) stay off the terminal while configs are
+    read and models built on the meta device. The verbosity is restored after."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def load_config(ref: ModelRef, root: Path):
     """Load the ``transformers`` config of ``ref`` with ``AutoConfig`` (no network); for a
     multimodal checkpoint its text decoder's config (``get_text_config()``, with
@@ -189,14 +205,16 @@ def load_config(ref: ModelRef, root: Path):
 
     path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
     try:
-        config = AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
     except Exception as exc:  # transformers raises OSError/ValueError/KeyError for bad files
         raise KbNanoError(f"{path}: not a loadable Hugging Face config.json ({_one_line(exc)})") from None
     text = config.get_text_config()
     if text is not config:  # a multimodal checkpoint: its text decoder (config_fields)
-        for name in TEXT_INHERITS:
-            if getattr(text, name, None) is None and getattr(config, name, None) is not None:
-                setattr(text, name, getattr(config, name))
+        with quiet_transformers():  # TEXT_INHERITS reads the deprecated torch_dtype
+            for name in TEXT_INHERITS:
+                if getattr(text, name, None) is None and getattr(config, name, None) is not None:
+                    setattr(text, name, getattr(config, name))
     return text
 
 

@@ -65,11 +65,14 @@ def hf_config(
     """
     from transformers import CONFIG_MAPPING
 
+    from kb_nano.models.configs import quiet_transformers
+
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
         raise NotApplicable(f"transformers has no config class for model_type {model_type!r}")
     # deep copy: transformers edits nested fields in place (adds rope_theta to rope_scaling)
-    cfg = CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(config))
+    with quiet_transformers():
+        cfg = CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(config))
     if num_hidden_layers is not None:
         cfg.num_hidden_layers = int(num_hidden_layers)
         if getattr(cfg, "layer_types", None):
@@ -104,8 +107,10 @@ def _meta_causal_lm(cfg):
     """The transformers causal LM of ``cfg`` on the meta device (no memory, no init)."""
     from transformers import AutoModelForCausalLM
 
+    from kb_nano.models.configs import quiet_transformers
+
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), quiet_transformers():
             return AutoModelForCausalLM.from_config(
                 cfg, attn_implementation=cfg._attn_implementation, dtype=torch.float32
             )
