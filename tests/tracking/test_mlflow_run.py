@@ -154,6 +154,12 @@ def test_the_cli_tells_a_rerun_of_the_log_rule_by_the_markers_record(tmp_path, c
     assert (
         f"what changed since the previous run: kb_nano history --compare {first['run_name']} {new['run_name']}" in out
     )
+    # a previous run that shares no row with the new one (another target): no compare line
+    print_mlflow_record(
+        root, rel, read_marker(root, rel) | {"run_id": first["run_id"], "logged_at": "earlier", "row_keys": ["x y"]}
+    )
+    out = capsys.readouterr().out
+    assert f"MLflow: new run {new['run_name']}" in out and "--compare" not in out
 
 
 def test_an_older_runs_ui_name_works_in_compare(two_runs):

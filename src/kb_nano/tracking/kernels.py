@@ -241,5 +241,6 @@ def log_kernels(
         tables={TABLE_ARTIFACT: table_rows(rows)},
         marker=marker,
         recorded=lambda c, experiment_id: recorded_in(c, tracking_uri, experiment_id, tier, rows, cands),
+        row_keys=[f"{r['scenario_id']} {r['candidate']}" for r in rows],
     )
     return record

@@ -29,7 +29,9 @@ def print_mlflow_record(root: Path, marker: str, marker_before: dict | None) -> 
     marker's record before Snakemake ran (:func:`read_marker`): the same record now means
     the rule did not run ("nothing changed since run"). A result set logged as no run
     because an earlier run holds all its rows (the record's ``recorded_in``) names it.
-    After a new run, a line gives the ``history --compare`` of the previous run and it."""
+    After a new run, a line gives the ``history --compare`` of the previous run and it,
+    when the two share a row (both records' ``row_keys``; a record without them, e.g.
+    Tier 2's, is taken to share)."""
     rec = read_marker(root, marker)
     if rec is None:
         return
@@ -48,5 +50,16 @@ def print_mlflow_record(root: Path, marker: str, marker_before: dict | None) -> 
         how = "new run" if rec["created"] else "inputs unchanged, existing run"
     print(f"MLflow: {how} {run} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
     before = (marker_before or {}).get("run_id")
-    if rec["created"] and before and before != rec["run_id"] and rec["experiment"] == marker_before.get("experiment"):
+    shared = (
+        "row_keys" not in rec
+        or "row_keys" not in (marker_before or {})
+        or not set(rec["row_keys"]).isdisjoint(marker_before["row_keys"])
+    )
+    if (
+        rec["created"]
+        and before
+        and before != rec["run_id"]
+        and rec["experiment"] == marker_before.get("experiment")
+        and shared
+    ):
         print(f"what changed since the previous run: kb_nano history --compare {before[:RUN_NAME_CHARS]} {run}")

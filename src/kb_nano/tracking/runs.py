@@ -82,6 +82,7 @@ def log_run(
     lock_timeout_s: float = 600.0,
     marker: Path | None = None,
     recorded: Callable | None = None,
+    row_keys: list[str] | None = None,
 ) -> dict:
     """Record one result set as an MLflow run, idempotently.
 
@@ -90,7 +91,8 @@ def log_run(
     there as JSON (atomic; the log rule's output) with ``logged_at``, the UTC time of this
     call (ISO 8601, microseconds): each run of the rule writes a record of its own, so a
     reader that kept the marker's record tells whether the rule ran since
-    (:func:`kb_nano.tracking.marker.print_mlflow_record`).
+    (:func:`kb_nano.tracking.marker.print_mlflow_record`), and ``row_keys`` when given (the
+    rows' keys, which tell whether two records share rows).
 
     If a FINISHED run tagged ``kb_nano.digest = digest`` exists in ``kb_nano/{tier}`` it
     is returned (``created: False``) and nothing is written. Else, with ``recorded``
@@ -129,7 +131,8 @@ def log_run(
     )
     if marker is not None:
         logged_at = datetime.now(UTC).isoformat(timespec="microseconds")
-        atomic_write_text(Path(marker), json.dumps({**record, "logged_at": logged_at}, indent=1, sort_keys=True) + "\n")
+        extra = {"logged_at": logged_at, **({"row_keys": sorted(row_keys)} if row_keys is not None else {})}
+        atomic_write_text(Path(marker), json.dumps({**record, **extra}, indent=1, sort_keys=True) + "\n")
     return record
 
 
