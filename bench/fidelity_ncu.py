@@ -50,9 +50,18 @@ def ncu_child(spec_path: str) -> None:
         torch.cuda.profiler.stop()
 
 
+def each_median(calls: list[dict]) -> list[float] | None:
+    """Per kernel position, the median of its time (ms) over ``calls`` (each with
+    ``each_ms``); None when the calls ran different kernel counts."""
+    if len({len(c["each_ms"]) for c in calls}) != 1:
+        return None
+    return [statistics.median(c["each_ms"][j] for c in calls) for j in range(len(calls[0]["each_ms"]))]
+
+
 def ncu_ms(jobs: list, out_dir: Path) -> list[tuple[dict, dict]] | str:
     """Per job, (baseline, candidate): ``{"ms": median ncu time of one call, "kernels": its
-    kernel count, "names": its kernels' names}``; or why not."""
+    kernel count, "names": its kernels' names, "each_ms": each kernel's median time}``; or
+    why not."""
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     if not Path(ncu).exists():
         return "ncu not found"
@@ -83,7 +92,7 @@ def ncu_ms(jobs: list, out_dir: Path) -> list[tuple[dict, dict]] | str:
     table = list(csv.DictReader(io.StringIO("\n".join(lines))))
     kernels = [(r["Kernel Name"], r["gpu__time_duration.sum"]) for r in table if r.get("gpu__time_duration.sum")]
     units = table[0].get("gpu__time_duration.sum") if table and not (table[0].get("ID") or "").isdigit() else "nsecond"
-    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}.get(units, 1e-6)
+    scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0}[units]
     calls, cur = [], None
     for name, value in kernels:
         try:
@@ -91,13 +100,14 @@ def ncu_ms(jobs: list, out_dir: Path) -> list[tuple[dict, dict]] | str:
         except ValueError:
             continue
         if "spin" in name:  # the marker: a new call; the next kernel is the flush
-            cur = {"skip": 1, "ms": 0.0, "names": []}
+            cur = {"skip": 1, "ms": 0.0, "names": [], "each_ms": []}
             calls.append(cur)
         elif cur is not None and cur["skip"]:
             cur["skip"] = 0
         elif cur is not None:
             cur["ms"] += v * scale
             cur["names"].append(name)
+            cur["each_ms"].append(v * scale)
     if len(calls) != 2 * NCU_CALLS * len(jobs):
         return f"ncu gave {len(calls)} calls, expected {2 * NCU_CALLS * len(jobs)}; see {out_dir / 'ncu.log'}"
     med = [
@@ -105,6 +115,7 @@ def ncu_ms(jobs: list, out_dir: Path) -> list[tuple[dict, dict]] | str:
             "ms": statistics.median(c["ms"] for c in calls[i : i + NCU_CALLS]),
             "kernels": len(calls[i]["names"]),
             "names": calls[i]["names"],
+            "each_ms": each_median(calls[i : i + NCU_CALLS]),
         }
         for i in range(0, len(calls), NCU_CALLS)
     ]
