@@ -247,6 +247,13 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
     assert reason("silu_and_mul__gpt-oss-20b__tp1__n4").startswith("not covered: GptOssMLP")
     # Llama-4: its rotation is its own; its MoE block is not covered
     assert "rotates q and k its own way" in reason("rotary_embedding__llama4-scout__tp1__n4")
+    # rotary: gpt-oss's yarn and Phi-3.5-MoE's longrope are measured with their scaling;
+    # DeepSeek-V3's MLA and Gemma-3's per-layer-type rope are not covered
+    assert rows["rotary_embedding__gpt-oss-20b__tp1__n4"]["init_args"]["rope_scaling"]["rope_type"] == "yarn"
+    assert shapes("rotary_embedding__gpt-oss-20b__tp1__n4") == [[4], [4, 64 * 64], [4, 8 * 64]]
+    assert rows["rotary_embedding__phi35-moe__tp1__n4"]["init_args"]["rope_scaling"]["rope_type"] == "longrope"
+    assert "multi-head latent attention" in reason("rotary_embedding__deepseek-v3__tp1__n4")
+    assert reason("rotary_embedding__gemma3-4b__tp1__n4").startswith("not covered: rope parameters per layer type")
     assert reason("fused_moe__llama4-scout__tp1__n4").startswith("not covered: Llama4TextMoe")
     # Phi-3.5-MoE normalises with LayerNorm
     assert reason("rms_norm__phi35-moe__tp1__n4").startswith("not covered: the model has no RMSNorm")
@@ -284,3 +291,26 @@ def test_a_cpu_sweep_over_other_architectures_measures_or_says_not_covered(tmp_p
     assert phi and all(r["status"] == "skipped" and "not applicable: not covered" in r["error"] for r in phi)
     # the Llama-form model still passes
     assert rows[("rms_norm__qwen3-30b-a3b__tp1__n1", "rms_norm/torch_fused")]["status"] == "passed"
+
+
+def test_rotates_halves_probes_the_rotation_not_its_name():
+    """transformers' ``rotate_half`` form and gpt-oss's halves (half-width cos/sin, no
+    ``rotate_half`` in its file) both rotate by halves; interleaved pairs do not."""
+    from transformers.models.gpt_oss import modeling_gpt_oss
+    from transformers.models.llama import modeling_llama
+
+    from kb_nano.models.module_tree import rotates_halves
+
+    def interleaved(q, k, cos, sin):
+        def turn(x):
+            c, s = cos[:, None, :, ::2], sin[:, None, :, ::2]
+            x1, x2 = x[..., ::2], x[..., 1::2]
+            return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+
+        return turn(q), turn(k)
+
+    assert not hasattr(modeling_gpt_oss, "rotate_half")
+    assert rotates_halves(modeling_llama.apply_rotary_pos_emb)
+    assert rotates_halves(modeling_gpt_oss.apply_rotary_pos_emb)
+    assert not rotates_halves(interleaved)
+    assert not rotates_halves(None)

@@ -315,10 +315,10 @@ def test_apply_rotary_emb_identity_at_position_zero():
 
 
 def test_rotary_unsupported_rope_type(facts_of):
-    with pytest.raises(ValueError, match="yarn"):
-        RotaryEmbedding(8, 8, 4, 10000.0, True, "float32", {"rope_type": "yarn", "factor": 4.0})
-    facts = {**facts_of("llama31-8b"), "rope": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}
-    with pytest.raises(NotApplicable, match="yarn"):
+    with pytest.raises(ValueError, match="proportional"):
+        RotaryEmbedding(8, 8, 4, 10000.0, True, "float32", {"rope_type": "proportional"})
+    facts = {**facts_of("llama31-8b"), "rope": {"rope_type": "proportional", "rope_theta": 1e4}}
+    with pytest.raises(NotApplicable, match="not covered: rope_type 'proportional'"):
         operators.get("rotary_embedding").init_args(facts, 1)
 
 

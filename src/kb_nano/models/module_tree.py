@@ -15,7 +15,8 @@ global layers) are measured as separate kinds. A module that computes something 
 is ``not covered``. Per-head q/k norms (``qk_norm``: Qwen3, Gemma-3) are read the same
 way as the hidden-size norm; each layer's feed-forward block gives the dense MLPs (width,
 activation) and the MoE block, covered only for the classes the ``fused_moe`` baseline is
-tested equal to.
+tested equal to. The attention's rotation of q and k (``rotary_embedding``) is probed on
+its modeling file's ``apply_rotary_pos_emb``: by halves (measured) or some other way.
 """
 
 from __future__ import annotations
@@ -58,19 +59,61 @@ def read(config_fields: dict) -> dict:
 
 
 def rotary(lm: torch.nn.Module) -> dict | None:
-    """How the model's attention rotates q and k: ``{"module", "neox"}``, ``neox`` True when
-    the modeling module of its first decoder layer's attention defines ``rotate_half`` (the
-    half-split rotation of transformers' ``apply_rotary_pos_emb`` and of vLLM's
-    ``is_neox_style``, which the ``rotary_embedding`` baseline computes); False for a
-    model that rotates its own way (Llama-4: interleaved pairs as complex numbers). None
-    when no attention module is found."""
+    """How the model's attention rotates q and k: ``{"module", "neox", "reason"}`` from its
+    first decoder layer's attention module. ``neox`` is True when the
+    ``apply_rotary_pos_emb`` of that module's modeling file computes the half-split
+    rotation (transformers' ``rotate_half`` form, or gpt-oss's halves; vLLM's
+    ``is_neox_style``), which the ``rotary_embedding`` baseline computes; it is probed on
+    random CPU rows (:func:`rotates_halves`). ``reason`` (a ``not covered: ...`` line, else
+    None) for a model that rotates its own way (Llama-4: interleaved pairs as complex
+    numbers) or whose attention is multi-head latent attention (DeepSeek-V3: the rotated
+    key is one head shared by all query heads, ``qk_rope_head_dim`` wide). None when no
+    attention module is found."""
     import sys
 
     for name, module in lm.named_modules():
-        if name.endswith(".self_attn"):
-            where = type(module).__module__
-            return {"module": where, "neox": hasattr(sys.modules.get(where), "rotate_half")}
+        if not name.endswith(".self_attn"):
+            continue
+        where, cls = type(module).__module__, type(module).__name__
+        if hasattr(module, "kv_a_proj_with_mqa"):
+            reason = (
+                f"not covered: {cls} is multi-head latent attention (it rotates a slice of each "
+                "query head and one key head shared by all of them)"
+            )
+            return {"module": where, "neox": False, "reason": reason}
+        neox = rotates_halves(getattr(sys.modules.get(where), "apply_rotary_pos_emb", None))
+        reason = None if neox else f"not covered: {where} rotates q and k its own way (not by halves)"
+        return {"module": where, "neox": neox, "reason": reason}
     return None
+
+
+def rotates_halves(apply) -> bool:
+    """Whether ``apply(q, k, cos, sin)`` (a transformers ``apply_rotary_pos_emb``: q/k
+    ``[batch, heads, seq, dim]``, cos/sin ``[batch, seq, dim]`` or, gpt-oss, half that
+    width) computes ``(x1 * cos - x2 * sin, x2 * cos + x1 * sin)`` on the halves ``x1,
+    x2`` of the last dimension: probed on random float64 rows with both widths of cos/sin.
+    False for None or a function that takes neither."""
+    if apply is None:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 3, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    angles = torch.rand(1, 3, 4, generator=gen, dtype=torch.float64) * 6
+    cos, sin = angles.cos(), angles.sin()
+
+    def by_halves(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        c, s = cos[:, None], sin[:, None]
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+    full = (torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1))  # rotate_half's layout
+    for c, s in (full, (cos, sin)):
+        try:
+            got = apply(q, k, c, s)
+        except (RuntimeError, TypeError, ValueError):
+            continue
+        if all(torch.allclose(g, by_halves(x)) for g, x in zip(got, (q, k), strict=True)):
+            return True
+    return False
 
 
 def qk_norm(lm: torch.nn.Module) -> dict | None:

@@ -1,9 +1,30 @@
-"""``rotary_embedding`` baseline (vLLM ``RotaryEmbedding`` / ``Llama3RotaryEmbedding``).
+"""``rotary_embedding`` baseline: vLLM's rotary embeddings with one constructor.
 
 The cos/sin cache and the rotation follow vLLM ``RotaryEmbedding._compute_cos_sin_cache``
-and ``forward_native``; llama3 frequency scaling follows vLLM
-``Llama3RotaryEmbedding._compute_inv_freq`` (the same formula as transformers
-``_compute_llama3_parameters``). Tests check both against transformers.
+and ``forward_native``. ``rope_scaling["rope_type"]`` selects the frequencies and the
+cos/sin scaling of the vLLM class ``get_rope`` builds for it (vLLM 0.32):
+
+- ``llama3``: ``Llama3RotaryEmbedding._compute_inv_freq`` (transformers
+  ``_compute_llama3_parameters``).
+- ``linear``: ``LinearScalingRotaryEmbedding``: positions divided by ``factor``.
+- ``dynamic``: ``DynamicNTKScalingRotaryEmbedding``: one cache, built once, with the base
+  ``base * (factor * max_position_embeddings / max_trained_positions - (factor - 1)) **
+  (rotary_dim / (rotary_dim - 2))``; ``max_trained_positions`` defaults to
+  ``max_position_embeddings``, which leaves the base unscaled (transformers'
+  ``_compute_dynamic_ntk_parameters`` does the same below ``max_position_embeddings``).
+- ``yarn``: ``YaRNScalingRotaryEmbedding``: frequencies ramped between interpolation and
+  extrapolation over the correction range of ``beta_fast``/``beta_slow`` (``truncate``),
+  cos and sin multiplied by the attention factor (``attention_factor``, else the ratio of
+  ``mscale``/``mscale_all_dim`` mscales, else ``0.1 * ln(factor) + 1``): transformers'
+  ``_compute_yarn_parameters`` and its ``attention_scaling``.
+- ``longrope``: ``Phi3LongRoPEScaledRotaryEmbedding``: frequencies divided by
+  ``long_factor`` and cos/sin multiplied by ``long_mscale`` when the context length
+  (``max_position_embeddings``, vLLM's default ``max_model_len``) exceeds
+  ``original_max_position_embeddings``, for every position; ``short_factor`` and
+  ``short_mscale`` otherwise. The mscale defaults to ``sqrt(1 + ln(s) / ln(original))``,
+  ``s = max_position_embeddings / original_max_position_embeddings``.
+
+Tests check each against transformers' rotary modules.
 """
 
 from __future__ import annotations
@@ -25,7 +46,7 @@ from kb_nano.operators.base import (
     shard,
 )
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "dynamic", "yarn", "longrope")
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox_style: bool) -> torch.Tensor:
@@ -44,26 +65,41 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_n
     return torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction ``0.1 * mscale * ln(scale) + 1`` (1 for ``scale <= 1``)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding applied to query and key, with vLLM's signature.
 
     Args:
         head_size: head_dim of the model.
         rotary_dim: rotated part of each head (``head_dim * partial_rotary_factor``).
-        max_position_embeddings: rows of the cos/sin cache.
+        max_position_embeddings: rows of the cos/sin cache (positions 0 .. this - 1).
         base: ``rope_theta``.
         is_neox_style: rotate halves (True, Llama/Qwen/Mistral) or interleaved pairs.
         dtype: dtype of the cos/sin cache (the model dtype), ``torch.dtype`` or its name.
-        rope_scaling: the model's ``rope_parameters`` when scaled; ``rope_type`` ``llama3``
-            uses ``factor``, ``low_freq_factor``, ``high_freq_factor`` and
-            ``original_max_position_embeddings`` (kb-nano addition: vLLM selects the
-            ``Llama3RotaryEmbedding`` subclass instead).
+        rope_scaling: the model's ``rope_parameters`` when scaled (kb-nano addition: vLLM
+            selects a subclass per ``rope_type`` instead; see the module docstring).
+            ``llama3``: ``factor``, ``low_freq_factor``, ``high_freq_factor``,
+            ``original_max_position_embeddings``. ``linear``: ``factor``. ``dynamic``:
+            ``factor``, optional ``max_trained_positions``. ``yarn``: ``factor``,
+            ``original_max_position_embeddings``, optional ``beta_fast`` (32),
+            ``beta_slow`` (1), ``mscale``, ``mscale_all_dim``, ``attention_factor``,
+            ``truncate`` (True). ``longrope``: ``short_factor``, ``long_factor``
+            (``rotary_dim / 2`` numbers each), ``original_max_position_embeddings``,
+            optional ``short_mscale``, ``long_mscale``. Other keys are ignored.
     Forward:
-        positions: ``[num_tokens]`` int64; query ``[num_tokens, num_heads * head_size]``;
-        key ``[num_tokens, num_kv_heads * head_size]`` or None.
+        positions: ``[num_tokens]`` int64 in ``[0, max_position_embeddings)``; query
+        ``[num_tokens, num_heads * head_size]``; key ``[num_tokens, num_kv_heads * head_size]``
+        or None.
     Returns ``(query, key)`` rotated, same shapes and dtypes.
-    Buffers: ``cos_sin_cache`` ``[max_position_embeddings, rotary_dim]`` (non-persistent).
-    Raises ``ValueError`` for an unsupported ``rope_type``.
+    Buffers: ``cos_sin_cache`` ``[max_position_embeddings, rotary_dim]`` (non-persistent):
+    cos then sin of each position's angles, times the rope type's attention scaling (vLLM's
+    ``linear`` cache has ``max_position_embeddings * factor`` rows and its ``yarn`` cache
+    ``original_max_position_embeddings * factor``: the same values for the rows both hold).
+    Raises ``ValueError`` for an unsupported ``rope_type`` or a missing scaling field.
     """
 
     def __init__(
@@ -83,20 +119,49 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         self.is_neox_style = is_neox_style
         self.rope_scaling = dict(rope_scaling or {})
+        self.rope_type = self.rope_scaling.get("rope_type", "default")
+        if self.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope_type {self.rope_type!r} not supported; supported: {SUPPORTED_ROPE_TYPES}")
         dtype = DTYPES[dtype] if isinstance(dtype, str) else (dtype or torch.get_default_dtype())
         self.register_buffer("cos_sin_cache", self._compute_cos_sin_cache().to(dtype), persistent=False)
 
+    def _field(self, name: str):
+        if self.rope_scaling.get(name) is None:
+            raise ValueError(f"rope_scaling of rope_type {self.rope_type!r} needs {name!r}; got {self.rope_scaling}")
+        return self.rope_scaling[name]
+
+    def _base_inv_freq(self, base: float) -> torch.Tensor:
+        return 1.0 / (base ** (torch.arange(0, self.rotary_dim, 2, dtype=torch.float) / self.rotary_dim))
+
     def _compute_inv_freq(self) -> torch.Tensor:
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.rotary_dim, 2, dtype=torch.float) / self.rotary_dim))
-        rope_type = self.rope_scaling.get("rope_type", "default")
-        if rope_type == "default":
-            return inv_freq
-        if rope_type != "llama3":
-            raise ValueError(f"rope_type {rope_type!r} not supported; supported: {SUPPORTED_ROPE_TYPES}")
-        factor = self.rope_scaling["factor"]
-        low = self.rope_scaling["low_freq_factor"]
-        high = self.rope_scaling["high_freq_factor"]
-        orig = self.rope_scaling["original_max_position_embeddings"]
+        """The ``[rotary_dim / 2]`` float32 inverse frequencies of this rope type."""
+        kind = self.rope_type
+        if kind in ("default", "linear"):  # linear scales the positions (vLLM), not these
+            return self._base_inv_freq(self.base)
+        if kind == "llama3":
+            return self._llama3_inv_freq()
+        if kind == "dynamic":
+            factor = self._field("factor")
+            trained = self.rope_scaling.get("max_trained_positions") or self.max_position_embeddings
+            d = self.rotary_dim
+            base = self.base * ((factor * self.max_position_embeddings / trained) - (factor - 1)) ** (d / (d - 2))
+            return self._base_inv_freq(base)
+        if kind == "yarn":
+            return self._yarn_inv_freq()
+        factors = self._field("long_factor" if self._long_rope() else "short_factor")
+        if len(factors) != self.rotary_dim // 2:
+            raise ValueError(f"longrope factors have {len(factors)} numbers; rotary_dim {self.rotary_dim} needs half")
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * self.base ** self._exponents())
+
+    def _exponents(self) -> torch.Tensor:
+        return torch.arange(0, self.rotary_dim, 2, dtype=torch.float) / self.rotary_dim
+
+    def _llama3_inv_freq(self) -> torch.Tensor:
+        inv_freq = self._base_inv_freq(self.base)
+        factor = self._field("factor")
+        low = self._field("low_freq_factor")
+        high = self._field("high_freq_factor")
+        orig = self._field("original_max_position_embeddings")
         low_freq_wavelen = orig / low
         high_freq_wavelen = orig / high
         wave_len = 2 * math.pi / inv_freq
@@ -111,11 +176,61 @@ class RotaryEmbedding(nn.Module):
             ),
         )
 
+    def _yarn_inv_freq(self) -> torch.Tensor:
+        factor = self._field("factor")
+        orig = self._field("original_max_position_embeddings")
+        beta_fast = self.rope_scaling.get("beta_fast") or 32
+        beta_slow = self.rope_scaling.get("beta_slow") or 1
+        d, base = self.rotary_dim, self.base
+
+        def correction_dim(rotations: float) -> float:
+            return (d * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if self.rope_scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d - 1)
+        if low == high:
+            high += 0.001  # no zero-width ramp
+        ramp = torch.clamp((torch.arange(d // 2, dtype=torch.float) - low) / (high - low), 0, 1)
+        pos_freqs = base ** self._exponents()
+        extrapolation = 1 - ramp
+        return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+    def _long_rope(self) -> bool:
+        return self.max_position_embeddings > self._field("original_max_position_embeddings")
+
+    def attention_scaling(self) -> float:
+        """The factor the cos/sin cache is multiplied by (transformers' ``attention_scaling``):
+        1 except for ``yarn`` and ``longrope``."""
+        if self.rope_type == "yarn":
+            factor = self._field("factor")
+            if self.rope_scaling.get("attention_factor") is not None:
+                return float(self.rope_scaling["attention_factor"])
+            mscale, all_dim = self.rope_scaling.get("mscale"), self.rope_scaling.get("mscale_all_dim")
+            if mscale and all_dim:
+                return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim))
+            return float(yarn_mscale(factor))
+        if self.rope_type == "longrope":
+            chosen = self.rope_scaling.get("long_mscale" if self._long_rope() else "short_mscale")
+            if chosen is not None:
+                return float(chosen)
+            orig = self._field("original_max_position_embeddings")
+            scale = self.max_position_embeddings / orig
+            return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(orig))
+        return 1.0
+
     def _compute_cos_sin_cache(self) -> torch.Tensor:
         inv_freq = self._compute_inv_freq()
         t = torch.arange(self.max_position_embeddings, dtype=torch.float)
+        if self.rope_type == "linear":
+            t = t / self._field("factor")
         freqs = torch.einsum("i,j -> ij", t, inv_freq)
-        return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+        cos, sin = freqs.cos(), freqs.sin()
+        scaling = self.attention_scaling()
+        if scaling != 1.0:
+            cos, sin = cos * scaling, sin * scaling
+        return torch.cat((cos, sin), dim=-1)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
         positions = positions.flatten()
@@ -148,8 +263,8 @@ def _init_args(facts: dict, tp: int) -> dict:
             f"not covered: rope_type {rope_type!r} is not implemented by the baseline ({SUPPORTED_ROPE_TYPES})"
         )
     turn = facts.get("rotary")  # the model's own rotation (module tree)
-    if turn is not None and not turn["neox"]:
-        raise NotApplicable(f"not covered: {turn['module']} rotates q and k its own way (no rotate_half)")
+    if turn is not None and turn.get("reason"):
+        raise NotApplicable(turn["reason"])
     head_dim = facts["head_dim"]
     return {
         "head_size": head_dim,
