@@ -113,16 +113,19 @@ def test_attention_layer_kinds_come_from_each_layers_module():
     gemma = read(config_fields(resolve("gemma2-2b", REPO), REPO))["attention_layers"]
     assert gemma == {
         "kinds": [
-            {"scale": 0.0625, "sliding_window": 4096, "logits_soft_cap": 50.0, "layers": 13},
-            {"scale": 0.0625, "sliding_window": None, "logits_soft_cap": 50.0, "layers": 13},
+            {"scale": 0.0625, "sliding_window": 4096, "logits_soft_cap": 50.0, "sinks": False, "layers": 13},
+            {"scale": 0.0625, "sliding_window": None, "logits_soft_cap": 50.0, "sinks": False, "layers": 13},
         ],
         "reason": None,
     }
     llama = read(config_fields(resolve("llama31-8b", REPO), REPO))["attention_layers"]
     assert [k["sliding_window"] for k in llama["kinds"]] == [None] and llama["kinds"][0]["layers"] == 32
-    # attention sinks (gpt-oss) are a parameter of the module kb-nano does not measure
+    # attention sinks (gpt-oss) are part of each kind (probed: tests/models/test_attention_sinks.py)
     oss = read({"model_type": "gpt_oss", "head_dim": 16, "num_local_experts": 2, **TINY})["attention_layers"]
-    assert oss["kinds"] == [] and oss["reason"] == "not covered: GptOssAttention has sinks"
+    assert oss["reason"] is None and [(k["sliding_window"], k["sinks"]) for k in oss["kinds"]] == [
+        (128, True),
+        (None, True),
+    ]
 
 
 def _reference(q, k, v, scale, cap, window, positions_q, n_keys):
@@ -242,8 +245,10 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
     assert shapes("silu_and_mul__deepseek-v3__tp1__n4") == [[4, 2 * 18432]]
     assert reason("attention__deepseek-v3__tp1__n4").startswith("not covered: DeepseekV3Attention has kv_a_layernorm")
     assert reason("fused_moe__deepseek-v3__tp1__n4").startswith("not covered: DeepseekV3MoE")
-    # gpt-oss: sinks, and experts of its own (clamped SwiGLU): no stand-in silu_and_mul
-    assert reason("attention__gpt-oss-20b__tp1__n4") == "not covered: GptOssAttention has sinks"
+    # gpt-oss: attention with sinks per layer kind; experts of its own (clamped SwiGLU): no
+    # stand-in silu_and_mul
+    assert rows["attention__gpt-oss-20b__tp1__n4__sliding128"]["semantics"] == "sliding_window+sinks"
+    assert shapes("attention__gpt-oss-20b__tp1__n4__full") == [[4, 64 * 64], [4, 8 * 64], [4, 8 * 64]]
     assert reason("silu_and_mul__gpt-oss-20b__tp1__n4").startswith("not covered: GptOssMLP")
     # Llama-4: its rotation is its own; its MoE block is not covered
     assert "rotates q and k its own way" in reason("rotary_embedding__llama4-scout__tp1__n4")

@@ -68,7 +68,8 @@ class Side:
     def supports(self, semantics: str = "") -> dict:
         """A candidate's ``supported_devices`` against this worker's device and its
         ``supported_semantics`` against the scenario's ``semantics`` (``""``: the standard
-        form, which every candidate supports; see ``Operator.semantics``): the ``skipped``
+        form, which every candidate supports; several joined by ``+``, each of which it
+        must list; see ``Operator.semantics``): the ``skipped``
         / ``import_error`` violation, or nothing."""
         from kb_nano.candidates import DEFAULT_DEVICES
         from kb_nano.operators.base import SEMANTICS
@@ -97,12 +98,13 @@ class Side:
                     f"{self.cls.__name__}.supported_semantics must be a tuple of names like ('gemma',), got {declared!r}",
                 ]
             }
-        if semantics and semantics not in tuple(declared):
+        missing = [name for name in semantics.split("+") if name and name not in tuple(declared)]
+        if missing:
             return {
                 "violation": [
                     "skipped",
-                    f"{self.cls.__name__} does not list {semantics!r} in supported_semantics; this model's "
-                    f"{SEMANTICS.get(semantics, semantics)}",
+                    f"{self.cls.__name__} does not list {' and '.join(map(repr, missing))} in supported_semantics; "
+                    f"this model's {'; '.join(SEMANTICS.get(name, name) for name in missing)}",
                 ]
             }
         return {}

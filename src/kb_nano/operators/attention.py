@@ -24,24 +24,30 @@ Gemma-3: sliding-window and global layers) gets scenarios per kind, with the kin
 ``per_layer_sliding_window`` (vLLM ``Attention``): the query at position i sees keys
 i - W + 1 .. i (transformers' sliding-window mask); those scenarios have the
 ``sliding_window`` semantics, which a candidate declares in ``supported_semantics``, and
-a decode scenario twice as long as the window is added. An attention module with parts
-kb-nano does not measure (attention sinks, multi-head latent attention) makes the
-operator ``n/a: not covered: ...`` for the model.
+a decode scenario twice as long as the window is added. A layer with attention sinks
+(gpt-oss: a learned logit per head that joins each softmax row as an extra key and is
+dropped after it) passes ``sinks=True``: the baseline then holds the per-rank sink logits
+as its parameter ``sinks`` ``[num_heads]`` and those scenarios have the ``sinks``
+semantics (``sliding_window+sinks`` on a sliding layer). An attention module with other
+parts kb-nano does not measure (multi-head latent attention, Llama-4's L2 q/k norm) makes
+the operator ``n/a: not covered: ...`` for the model.
 
 Inputs: q and k are drawn from N(0, s^2) with s^2 = cap / (sqrt(head_size) * scale) when
 the layer soft-caps its logits, so the logits' spread is the cap and ``tanh`` binds (on
 N(0, 1) inputs ``cap * tanh(x / cap)`` would be the identity and a kernel without the cap
-would pass); N(0, 1) otherwise. With a soft-cap the baseline computes the logits in
-float32, as vLLM's soft-capping kernels (FlashAttention, FlashInfer) accumulate them: logits
-of the cap's size rounded to bf16 before the ``tanh`` move by ~0.1, and a float32 kernel
-then differed from a bf16-logit one by up to 0.3 beyond the tolerance (prefill of 64
-tokens at Gemma-2's shapes, CPU).
+would pass); with sinks, s^2 = 1 / (sqrt(head_size) * scale) (logits of variance 1, N(0,
+1) for gpt-oss) and the sink logits spread over the heads (:data:`SINK_MAX`) so that some
+heads' sinks take a real share of every row's probability mass; N(0, 1) otherwise. With
+a soft-cap the baseline computes the logits in float32, as vLLM's soft-capping kernels
+(FlashAttention, FlashInfer) accumulate them: logits of the cap's size rounded to bf16
+before the ``tanh`` move by ~0.1, and a float32 kernel then differed from a bf16-logit
+one by up to 0.3 beyond the tolerance (prefill of 64 tokens at Gemma-2's shapes, CPU).
 
-Traffic (``_traffic``): minimum DRAM bytes = q, k, v, output (+ the two caches in decode)
-read/written once; FLOPs = the two GEMMs ``q @ k^T`` and ``p @ v``, 2 * head_size FLOPs
-each per (query head, query token, visible key) pair — the standard count of the
-FlashAttention papers (causal prefill: N(N+1)/2 visible pairs per head; decode: C+1 per
-sequence); softmax and soft-cap are not counted.
+Traffic (``_traffic``): minimum DRAM bytes = q, k, v, output (+ the two caches in decode,
++ the sinks) read/written once; FLOPs = the two GEMMs ``q @ k^T`` and ``p @ v``, 2 *
+head_size FLOPs each per (query head, query token, visible key) pair — the standard count
+of the FlashAttention papers (causal prefill: N(N+1)/2 visible pairs per head; decode: C+1
+per sequence); softmax, soft-cap and sinks are not counted.
 
 Tolerance: class ``fused`` (bf16 atol 2e-2, rtol 1e-2, as vLLM's flash-attention tests):
 the eager baseline rounds the probabilities to the model dtype before ``p @ v`` and the
@@ -97,13 +103,18 @@ class Attention(nn.Module):
         per_layer_sliding_window: W: the query at position i sees only keys at positions
             > i - W (a sliding-window layer); None: every earlier key.
         prefix: layer name (unused; vLLM signature).
+        sinks: True: the layer has attention sinks (gpt-oss), a per-head sink logit held as
+            the parameter ``sinks`` ``[num_heads]`` (vLLM passes the model's ``sinks``
+            tensor, split by heads across TP ranks; here the baseline's state_dict carries
+            it); see :meth:`_sink_probs`.
     Forward:
         query ``[N, num_heads * head_size]``; key, value ``[N, num_kv_heads * head_size]``
         (after RoPE); key_cache, value_cache (kb-nano addition: vLLM reads them from the
         forward context) ``[N, context_len, num_kv_heads, head_size]`` or None.
         Without caches: causal attention over one sequence of N tokens. With caches: N
         sequences, token i attends to ``key_cache[i]`` and to its own key.
-    Returns ``[N, num_heads * head_size]`` in the query dtype. No parameters.
+    Returns ``[N, num_heads * head_size]`` in the query dtype. Parameters: ``sinks`` only
+    when built with ``sinks=True``.
     """
 
     def __init__(
@@ -115,6 +126,7 @@ class Attention(nn.Module):
         logits_soft_cap: float | None = None,
         per_layer_sliding_window: int | None = None,
         prefix: str = "",
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -127,6 +139,10 @@ class Attention(nn.Module):
         self.logits_soft_cap = logits_soft_cap
         self.sliding_window = per_layer_sliding_window
         self.prefix = prefix
+        if sinks:  # the sink logits a scenario measures with (:func:`sink_logits`)
+            self.sinks = nn.Parameter(sink_logits(num_heads), requires_grad=False)
+        else:
+            self.sinks = None
 
     def forward(
         self,
@@ -164,11 +180,44 @@ class Attention(nn.Module):
             scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
         if mask is not None:
             scores = scores.masked_fill(mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        if self.sinks is not None:
+            probs = self._sink_probs(scores).to(q.dtype)
+        else:
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(probs, v)  # [B, heads, S, d]
         if key_cache is None:
             return out[0].transpose(0, 1).reshape(n, self.num_heads * self.head_size)
         return out.reshape(n, self.num_heads * self.head_size)
+
+    def _sink_probs(self, scores: torch.Tensor) -> torch.Tensor:
+        """Softmax over ``scores`` ``[B, heads, S, keys]`` with each head's sink logit as an
+        extra key, which is then dropped (so a row's probabilities sum to 1 - the sink's
+        share), as transformers' gpt-oss ``eager_attention_forward`` computes it: the sink
+        column joins the logits in their dtype (bf16 logits and bf16 sinks stay bf16), the
+        row maximum is subtracted in that dtype and the softmax is taken in it too."""
+        b, h, s, _ = scores.shape
+        sinks = self.sinks.reshape(1, h, 1, 1).expand(b, h, s, 1)
+        combined = torch.cat((scores, sinks), dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        return torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
+
+
+# Sink logits of the baseline (float32 before the module is cast to the scenario dtype):
+# spread evenly over [0, SINK_MAX] across the heads, in a random order. On N(0, 1) q and k
+# a logit has variance d * scale^2 = 1, so n visible keys weigh about n * e^0.5 and a sink
+# s takes the share e^s / (e^s + 1.65 n): from every head near 1 for the first tokens of a
+# prefill to a share between 10 % and 90 % for some heads at any n up to 2^16 (ln(1.65 *
+# 2^16) = 11.6 - 2.2 .. + 2.2), and near 0 for small s at long contexts. A kernel that
+# ignores the sinks gives the undamped output on the heads with a large share and fails.
+SINK_MAX = 12.0
+
+
+def sink_logits(num_heads: int) -> torch.Tensor:
+    """``[num_heads]`` float32 sink logits: ``SINK_MAX * (i + U(0, 1)) / num_heads`` for
+    head slot i, the slots permuted at random (``torch``'s global generator, which the
+    baseline's worker seeds with the parameter seed)."""
+    slots = torch.randperm(num_heads).float()
+    return (slots + torch.rand(num_heads)) * (SINK_MAX / num_heads)
 
 
 def attention_scale(facts: dict) -> float:
@@ -211,11 +260,15 @@ def _init_args(facts: dict, tp: int) -> dict:
         "num_kv_heads": kv_heads_per_rank(facts["num_key_value_heads"], tp),
         "logits_soft_cap": kind["logits_soft_cap"],
         **({"per_layer_sliding_window": kind["sliding_window"]} if kind["sliding_window"] else {}),
+        **({"sinks": True} if kind.get("sinks") else {}),
     }
 
 
 def _semantics(facts: dict) -> str:
-    return "sliding_window" if (facts.get("attention_kind") or {}).get("sliding_window") else ""
+    """The layer kind's non-standard parts, joined by ``+``: ``sliding_window``,
+    ``sinks``, ``sliding_window+sinks`` (gpt-oss's sliding layers) or ``""``."""
+    kind = facts.get("attention_kind") or {}
+    return "+".join(name for name in ("sliding_window", "sinks") if kind.get(name))
 
 
 def _variants(facts: dict, options: dict) -> list[tuple[str, dict]]:
@@ -239,8 +292,14 @@ def _variants(facts: dict, options: dict) -> list[tuple[str, dict]]:
 def _inputs(args, facts, tp, num_tokens, dtype, context_len: int | None = None):
     h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
     cap = args.get("logits_soft_cap")
-    # logits q.k * scale have std s^2 * sqrt(d) * scale on N(0, s^2) inputs: the cap's size
-    std = (cap / (d**0.5 * args["scale"])) ** 0.5 if cap else 1.0
+    # logits q.k * scale have std s^2 * sqrt(d) * scale on N(0, s^2) inputs: the cap's size;
+    # with sinks 1, the logit spread :data:`SINK_MAX` is calibrated for
+    if cap:
+        std = (cap / (d**0.5 * args["scale"])) ** 0.5
+    elif args.get("sinks"):
+        std = (d**0.5 * args["scale"]) ** -0.5
+    else:
+        std = 1.0
     specs = [
         normal("query", [num_tokens, h * d], dtype, std),
         normal("key", [num_tokens, kv * d], dtype, std),
@@ -271,7 +330,7 @@ def _traffic(args, inputs, dtype):
     h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
     n = inputs[0]["shape"][0]
     es = element_size(inputs[0]["dtype"])
-    qkvo = n * (2 * h + 2 * kv) * d * es
+    qkvo = n * (2 * h + 2 * kv) * d * es + (h * es if args.get("sinks") else 0)
     if len(inputs) == 3:  # prefill, causal
         return qkvo, 4 * h * d * (n * (n + 1) // 2)
     ctx = inputs[3]["shape"][1]

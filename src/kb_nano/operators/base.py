@@ -50,7 +50,8 @@ class Operator:
             (values x 100). Applied to the inputs drawn from N(0, std^2).
         semantics: ``facts -> str``: the model's form of the operator when it is not the
             standard (vLLM default) one, e.g. ``gemma`` for norms scaling by ``1 + weight``
-            (:data:`SEMANTICS`); ``""`` otherwise. A scenario with semantics records them,
+            (:data:`SEMANTICS`); several joined by ``+`` (``sliding_window+sinks``), each of
+            which a candidate must declare; ``""`` otherwise. A scenario with semantics records them,
             its id ends in ``__<semantics>``, and only candidates that list them in their
             ``supported_semantics`` run it (others are ``skipped`` with the reason).
         reads_module_tree: the rules above read what the model's own modules compute
@@ -86,6 +87,7 @@ class Operator:
 SEMANTICS = {
     "gemma": "norms compute x / rms(x) * (1 + weight), cast after the multiply (vLLM GemmaRMSNorm)",
     "sliding_window": "attention layer sees only the last per_layer_sliding_window keys (vLLM Attention)",
+    "sinks": "attention softmax has a per-head sink logit as an extra key, dropped after it (gpt-oss; vLLM sinks)",
 }
 
 

@@ -129,17 +129,19 @@ class ModelExamples:
                 yield ref, tp, False
 
     def first(self, op: Operator) -> tuple[str, int, bool, dict] | None:
-        """``(model key, tp, configured, init args)`` of the first pair ``op`` applies to
+        """``(model key, tp, configured, init args)`` of the first pair, and of its first
+        layer kind (``op.layer_kinds``: gpt-oss's attention with sinks), ``op`` applies to
         (its ``applies_to`` and ``init_args`` rules, as ``kernels --map`` asks them);
         None when it applies to none."""
         for ref, tp, configured in self.pairs():
-            facts = self.facts(ref)
-            if not op.applies_to(facts):
-                continue
-            try:
-                return ref.key, tp, configured, op.init_args(facts, tp)
-            except NotApplicable:
-                continue
+            for _, overrides in op.layer_kinds(self.facts(ref)):
+                facts = {**self.facts(ref), **overrides}
+                if not op.applies_to(facts):
+                    continue
+                try:
+                    return ref.key, tp, configured, op.init_args(facts, tp)
+                except NotApplicable:
+                    continue
         return None
 
 
