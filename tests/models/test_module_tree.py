@@ -253,12 +253,14 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
     # Llama-4: its rotation is its own; its MoE block is not covered
     assert "rotates q and k its own way" in reason("rotary_embedding__llama4-scout__tp1__n4")
     # rotary: gpt-oss's yarn and Phi-3.5-MoE's longrope are measured with their scaling;
-    # DeepSeek-V3's MLA and Gemma-3's per-layer-type rope are not covered
+    # Gemma-3's per-layer-type rope is one kind per layer type; DeepSeek-V3's MLA is not covered
     assert rows["rotary_embedding__gpt-oss-20b__tp1__n4"]["init_args"]["rope_scaling"]["rope_type"] == "yarn"
     assert shapes("rotary_embedding__gpt-oss-20b__tp1__n4") == [[4], [4, 64 * 64], [4, 8 * 64]]
     assert rows["rotary_embedding__phi35-moe__tp1__n4"]["init_args"]["rope_scaling"]["rope_type"] == "longrope"
     assert "multi-head latent attention" in reason("rotary_embedding__deepseek-v3__tp1__n4")
-    assert reason("rotary_embedding__gemma3-4b__tp1__n4").startswith("not covered: rope parameters per layer type")
+    full = rows["rotary_embedding__gemma3-4b__tp1__n4__full"]["init_args"]
+    assert full["rope_scaling"] == {"rope_type": "linear", "factor": 8.0} and full["base"] == 1e6
+    assert rows["rotary_embedding__gemma3-4b__tp1__n4__sliding1024"]["init_args"]["base"] == 1e4
     assert reason("fused_moe__llama4-scout__tp1__n4").startswith("not covered: Llama4TextMoe")
     # Phi-3.5-MoE normalises with LayerNorm
     assert reason("rms_norm__phi35-moe__tp1__n4").startswith("not covered: the model has no RMSNorm")

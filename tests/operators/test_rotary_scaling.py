@@ -200,3 +200,30 @@ def test_rotate_half_candidate_matches_the_baseline_on_scaled_ropes(facts_of):
 def test_missing_scaling_field_is_one_line(scaling, missing):
     with pytest.raises(ValueError, match=f"rope_type '{scaling['rope_type']}' needs '{missing}'"):
         RotaryEmbedding(64, 64, 16, 10000.0, True, "float32", scaling)
+
+
+def test_gemma3_rope_per_layer_type_is_one_kind_per_layer_type(facts_of):
+    """Gemma-3's rope parameters are per layer type (sliding layers: default rope, theta
+    1e4; full layers: linear x8, theta 1e6): one rotary kind each, named as attention's
+    kinds, each equal to transformers' Gemma3RotaryEmbedding for that layer type."""
+    from transformers.models.gemma3 import modeling_gemma3
+
+    op = operators.get("rotary_embedding")
+    facts = facts_of("gemma3-4b", hf_config=True)
+    kinds = op.layer_kinds(facts)
+    assert [k for k, _ in kinds] == ["sliding1024", "full"]
+    hf = modeling_gemma3.Gemma3RotaryEmbedding(load_config(resolve("gemma3-4b", REPO), REPO))
+    gen = torch.Generator().manual_seed(3)
+    for (kind, overrides), layer_type in zip(kinds, ("sliding_attention", "full_attention"), strict=True):
+        args = op.init_args({**facts, **overrides}, 1)
+        assert args["rope_scaling"] == (None if kind.startswith("sliding") else {"rope_type": "linear", "factor": 8.0})
+        ours = _fp32(args, max_position_embeddings=8192)
+        d, pos = args["head_size"], torch.tensor([0, 1, 1023, 1024, 4095, 8191])
+        q, k = torch.randn(len(pos), 4 * d, generator=gen), torch.randn(len(pos), 2 * d, generator=gen)
+        with torch.no_grad():
+            got_q, got_k = ours(pos, q.clone(), k.clone())
+            qh, kh = (t.view(1, len(pos), -1, d).transpose(1, 2) for t in (q, k))
+            cos, sin = hf(qh, pos[None], layer_type=layer_type)
+            want_q, want_k = modeling_gemma3.apply_rotary_pos_emb(qh, kh, cos, sin)
+        torch.testing.assert_close(got_q, want_q.transpose(1, 2).reshape(len(pos), -1), rtol=0, atol=1e-4)
+        torch.testing.assert_close(got_k, want_k.transpose(1, 2).reshape(len(pos), -1), rtol=0, atol=1e-4)

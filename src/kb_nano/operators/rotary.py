@@ -39,6 +39,7 @@ from kb_nano.operators.base import (
     TOLERANCES,
     NotApplicable,
     Operator,
+    config_field,
     element_size,
     kv_heads_per_rank,
     normal,
@@ -249,6 +250,29 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((x_rot, x[..., self.rotary_dim :]), dim=-1).reshape(shape)
 
 
+def _layer_kinds(facts: dict) -> list[tuple[str, dict]]:
+    """One kind per layer type when the model's ``rope_parameters`` are per layer type
+    (transformers 5 keys them by the ``layer_types`` entries: Gemma-3's
+    ``sliding_attention`` and ``full_attention``, each with its own ``rope_theta`` and
+    ``rope_type``), named as ``attention`` names its kinds (``sliding<W>``, ``full``), each
+    with that type's parameters as its ``rope``; one kind otherwise."""
+    rope = facts.get("rope") or {}
+    if "rope_theta" in rope:
+        return [("", {})]
+    order = list(dict.fromkeys(config_field(facts, "layer_types") or [])) + sorted(rope)
+    types = [t for t in dict.fromkeys(order) if isinstance(rope.get(t), dict)]
+    if not types:
+        return [("", {})]  # (_init_args says why not covered)
+    window = config_field(facts, "sliding_window")
+
+    def name(layer_type: str) -> str:
+        if "sliding" in layer_type:
+            return f"sliding{window}" if window else "sliding"
+        return "full" if layer_type == "full_attention" else layer_type
+
+    return [(name(t), {"rope": rope[t]}) for t in types]
+
+
 def _init_args(facts: dict, tp: int) -> dict:
     shard(facts["num_attention_heads"], tp, "num_attention_heads")
     kv_heads_per_rank(facts["num_key_value_heads"], tp)
@@ -310,5 +334,6 @@ OPERATORS = {
         mutable_inputs=("query", "key"),  # vLLM's rotary_embedding rotates them in place
         tolerance=dict(TOLERANCES["rotary"]),
         reads_module_tree=True,
+        layer_kinds=_layer_kinds,
     ),
 }
