@@ -2,7 +2,12 @@
 ids, as vLLM's ``moe_align_block_size`` does for its Triton kernel) instead of a one-hot
 mask and a ``torch.where`` per expert; each expert's GEMMs run on a contiguous slice, the
 weighted outputs land in a ``[N, top_k, hidden]`` buffer and are summed in fp32 (vLLM's
-``moe_sum``), then rounded once."""
+``moe_sum``), then rounded once.
+
+DeepSeek-V3 (``deepseek_v3`` semantics): the routing weights are scaled by
+``routed_scaling_factor`` inside the fp32 sum (as vLLM's ROCm AITER path and transformers do,
+not on the rounded output), the group mask is built by sorting group scores once, and the
+shared experts' output is added to the fp32 sum before the one rounding."""
 
 import torch
 import torch.nn.functional as F
@@ -10,11 +15,14 @@ from torch import nn
 
 
 class SortedExpertsMoE(nn.Module):
-    """Same constructor, forward and state_dict (``w13_weight``, ``w2_weight``) as kb_nano's
-    FusedMoE baseline.
+    """Same constructor, forward and state_dict (``w13_weight``, ``w2_weight``; DeepSeek-V3:
+    ``e_score_correction_bias``, ``shared_experts.gate_up_proj.weight``,
+    ``shared_experts.down_proj.weight``) as kb_nano's FusedMoE baseline.
 
     Forward: hidden_states ``[N, hidden]``, router_logits ``[N, E]`` -> ``[N, hidden]``.
     """
+
+    supported_semantics = ("deepseek_v3",)
 
     def __init__(
         self,
@@ -25,6 +33,13 @@ class SortedExpertsMoE(nn.Module):
         params_dtype=None,
         reduce_results=False,
         renormalize=True,
+        use_grouped_topk=False,
+        num_expert_group=None,
+        topk_group=None,
+        scoring_func="softmax",
+        routed_scaling_factor=1.0,
+        e_score_correction_bias=False,
+        shared_experts_intermediate_size=0,
         tp_size=1,
         prefix="",
         activation="silu",
@@ -35,12 +50,43 @@ class SortedExpertsMoE(nn.Module):
         self.num_experts, self.top_k, self.renormalize, self.shard = num_experts, top_k, renormalize, shard
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * shard, hidden_size, dtype=dtype))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, shard, dtype=dtype))
+        if use_grouped_topk and scoring_func != "sigmoid":
+            raise ValueError(f"grouped top-k with scoring_func {scoring_func!r} not implemented")
+        self.groups = (num_expert_group, topk_group) if use_grouped_topk else None
+        self.scale = float(routed_scaling_factor)
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.empty(num_experts, dtype=dtype)) if e_score_correction_bias else None
+        )
+        self.shared_experts = None
+        if shared_experts_intermediate_size:
+            width = shared_experts_intermediate_size // tp_size
+            self.shared_experts = nn.Module()
+            self.shared_experts.gate_up_proj = nn.Linear(hidden_size, 2 * width, bias=False, dtype=dtype)
+            self.shared_experts.down_proj = nn.Linear(width, hidden_size, bias=False, dtype=dtype)
+
+    def route(self, router_logits):
+        """(weights fp32 [N, k], ids [N, k])."""
+        if self.groups is None:
+            weights, ids = torch.softmax(router_logits.float(), dim=-1).topk(self.top_k, dim=-1)
+        else:
+            n_group, keep = self.groups
+            scores = router_logits.float().sigmoid()
+            biased = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
+            grouped = biased.view(len(scores), n_group, -1)
+            best = grouped.topk(2, dim=-1).values.sum(-1)
+            if self.e_score_correction_bias is None:
+                best = grouped.amax(-1)
+            rank = best.argsort(dim=-1, descending=True).argsort(dim=-1)  # rank of each group
+            masked = grouped.masked_fill((rank >= keep)[..., None], float("-inf")).flatten(1)
+            ids = masked.topk(self.top_k, dim=-1).indices
+            weights = scores.gather(1, ids)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.scale, ids
 
     def forward(self, hidden_states, router_logits):
         n, h = hidden_states.shape
-        weights, ids = torch.softmax(router_logits.float(), dim=-1).topk(self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, ids = self.route(router_logits)
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
@@ -56,4 +102,8 @@ class SortedExpertsMoE(nn.Module):
             y = F.linear(F.silu(gate) * up, self.w2_weight[e])
             out[rows] = y * weights.view(-1)[rows, None]
             start += count
-        return out.view(n, self.top_k, h).sum(dim=1).to(hidden_states.dtype)
+        total = out.view(n, self.top_k, h).sum(dim=1)
+        if self.shared_experts is not None:
+            gate, up = F.linear(hidden_states, self.shared_experts.gate_up_proj.weight).chunk(2, dim=-1)
+            total += F.linear(F.silu(gate) * up, self.shared_experts.down_proj.weight).float()
+        return total.to(hidden_states.dtype)

@@ -61,6 +61,8 @@ MANIFEST_MODULES = (
 )
 # Golden-tensor files a kernel job of a golden target reads through (with the harness modules).
 GOLDEN_MODULES = ("models/golden_inputs.py", "models/golden.py")
+# Modules an operator's module builds its baseline from, beyond itself and base.py
+OPERATOR_PARTS = {"moe": ("operators/moe_parts.py",)}
 
 
 def check_config(config: dict) -> None:
@@ -207,7 +209,12 @@ def harness_files(target: str) -> list[str]:
     module = operators.CATALOG[target].module.split(".")[-1]
     from kb_nano.models.golden import GOLDEN_TARGETS
 
-    files = [*HARNESS_MODULES, f"operators/{module}.py", *(GOLDEN_MODULES if target in GOLDEN_TARGETS else ())]
+    files = [
+        *HARNESS_MODULES,
+        f"operators/{module}.py",
+        *OPERATOR_PARTS.get(module, ()),
+        *(GOLDEN_MODULES if target in GOLDEN_TARGETS else ()),
+    ]
     return [str(PACKAGE_DIR / f) for f in files]
 
 

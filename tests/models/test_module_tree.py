@@ -240,11 +240,24 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
         assert rows[sid]["applicable"], rows[sid]["reason"]
         return [i["shape"] for i in rows[sid]["inputs"]]
 
-    # DeepSeek-V3: the dense layers' MLP is measured; MLA and its MoE are not covered
+    # DeepSeek-V3: the dense layers' MLP is measured; MLA is not covered; its MoE block is
+    # measured with its own semantics (grouped sigmoid top-k, bias, scaling, shared experts)
     assert rows["mlp__deepseek-v3__tp1__n4"]["init_args"]["intermediate_size"] == 18432
     assert shapes("silu_and_mul__deepseek-v3__tp1__n4") == [[4, 2 * 18432]]
     assert reason("attention__deepseek-v3__tp1__n4").startswith("not covered: DeepseekV3Attention has kv_a_layernorm")
-    assert reason("fused_moe__deepseek-v3__tp1__n4").startswith("not covered: DeepseekV3MoE")
+    moe = rows["fused_moe__deepseek-v3__tp1__n4__deepseek_v3"]
+    assert moe["semantics"] == "deepseek_v3" and shapes(moe["scenario_id"]) == [[4, 7168], [4, 256]]
+    assert {k: moe["init_args"][k] for k in ("num_expert_group", "topk_group", "scoring_func")} == {
+        "num_expert_group": 8,
+        "topk_group": 4,
+        "scoring_func": "sigmoid",
+    }
+    assert moe["init_args"]["routed_scaling_factor"] == 2.5 and moe["init_args"]["e_score_correction_bias"]
+    assert m["models"]["deepseek-v3"]["mlp_blocks"]["moe"] == {
+        "class": "DeepseekV3MoE",
+        "semantics": "deepseek_v3",
+        "reason": None,
+    }
     # gpt-oss: attention with sinks per layer kind; experts of its own (clamped SwiGLU): no
     # stand-in silu_and_mul
     assert rows["attention__gpt-oss-20b__tp1__n4__sliding128"]["semantics"] == "sliding_window+sinks"

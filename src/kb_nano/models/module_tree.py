@@ -16,7 +16,8 @@ is ``not covered``; attention sinks (gpt-oss) are probed and become part of the 
 Per-head q/k norms (``qk_norm``: Qwen3, Gemma-3) are read the same
 way as the hidden-size norm; each layer's feed-forward block gives the dense MLPs (width,
 activation) and the MoE block, covered only for the classes the ``fused_moe`` baseline is
-tested equal to. The attention's rotation of q and k (``rotary_embedding``) is probed on
+tested equal to (DeepSeek-V3's with semantics of its own: grouped sigmoid routing, shared
+experts). The attention's rotation of q and k (``rotary_embedding``) is probed on
 its modeling file's ``apply_rotary_pos_emb``: by halves (measured) or some other way.
 """
 
@@ -47,7 +48,7 @@ def read(config_fields: dict) -> dict:
             "hidden_norm": {"class": None, "weight_offset": None, "reason": reason},
             "attention_layers": {"kinds": [], "reason": reason},
             "qk_norm": None,
-            "mlp_blocks": {"dense": [], "moe": {"class": None, "reason": reason}},
+            "mlp_blocks": {"dense": [], "moe": {"class": None, "semantics": "", "reason": reason}},
             "rotary": None,
         }
     return {
@@ -300,8 +301,10 @@ def sinks_reason(meta_module: torch.nn.Module) -> str | None:
 
 
 # The MoE blocks whose routing and experts the ``fused_moe`` baseline computes (it is
-# tested equal to them): softmax top-k routing, optional renormalisation, SiLU-gated experts
-COVERED_MOE = ("MixtralSparseMoeBlock", "Qwen3MoeSparseMoeBlock")
+# tested equal to them), each with the semantics of its scenarios: softmax top-k routing with
+# optional renormalisation (the standard form, ""), or DeepSeek-V3's grouped sigmoid top-k
+# with a correction bias, scaling and shared experts ("deepseek_v3"); SiLU-gated experts
+COVERED_MOE = {"MixtralSparseMoeBlock": "", "Qwen3MoeSparseMoeBlock": "", "DeepseekV3MoE": "deepseek_v3"}
 
 
 def activation_name(module: torch.nn.Module) -> str | None:
@@ -323,11 +326,12 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
     """The feed-forward blocks of the causal LM ``lm`` (meta device), from each decoder
     layer's ``mlp`` (or ``feed_forward``, :data:`FFN_NAMES`): ``{"dense": [{"where",
     "class", "intermediate_size", "act", "act_class", "layers"}, ...], "moe": {"class",
-    "reason"} | None}``. A dense entry per
+    "semantics", "reason"} | None}``. A dense entry per
     distinct gated MLP (``where``: ``mlp`` for a layer's own MLP, ``shared_experts`` for an
     MoE block's always-on experts; ``intermediate_size`` from its ``up_proj`` or fused
     ``gate_up_proj``; ``act`` from :func:`activation_name`); ``moe`` is the first MoE
-    block (an ``mlp`` with ``experts``), its ``reason`` ``not covered: ...`` unless its
+    block (an ``mlp`` with ``experts``), its ``semantics`` those :data:`COVERED_MOE` gives
+    its class (``deepseek_v3``, else ``""``), its ``reason`` ``not covered: ...`` unless its
     class is one of :data:`COVERED_MOE`; None for a dense model. A model with neither
     gets an MoE entry without class whose reason says none was found."""
     dense: dict[tuple, dict] = {}
@@ -373,11 +377,11 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
             if cls not in COVERED_MOE:
                 has = f"; it has {', '.join(extra)}" if extra else ""
                 reason = (
-                    f"not covered: {cls} (its routing and experts are not the softmax top-k of "
+                    f"not covered: {cls} (its routing and experts are not those of "
                     f"{' / '.join(COVERED_MOE)} that the baseline computes{has})"
                 )
-            moe = {"class": cls, "reason": reason}
+            moe = {"class": cls, "semantics": COVERED_MOE.get(cls, ""), "reason": reason}
     if not dense and moe is None:
         where = " / ".join(f"layers.*.{n}" for n in FFN_NAMES)
-        moe = {"class": None, "reason": f"not covered: no feed-forward block found ({where})"}
+        moe = {"class": None, "semantics": "", "reason": f"not covered: no feed-forward block found ({where})"}
     return {"dense": list(dense.values()), "moe": moe}

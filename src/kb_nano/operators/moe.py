@@ -1,4 +1,4 @@
-"""L2 ``fused_moe`` baseline (vLLM ``FusedMoE``), per TP rank: Mixtral, Qwen3-MoE.
+"""L2 ``fused_moe`` baseline (vLLM ``FusedMoE``), per TP rank: Mixtral, Qwen3-MoE, DeepSeek-V3.
 
 ``forward(hidden_states, router_logits)``: softmax of the router logits in fp32, top-k
 experts per token, renormalised to sum 1 when ``renormalize`` (vLLM ``fused_topk``;
@@ -11,16 +11,47 @@ dtype in expert order are those of transformers ``MixtralExperts`` /
 ``Qwen3MoeSparseMoeBlock`` up to Qwen's rounding of the routing weights to the model
 dtype first.
 
+DeepSeek-V3 (``DeepseekV3MoE``; scenarios with the ``deepseek_v3`` semantics, id suffix
+``__deepseek_v3``), as vLLM's ``DeepseekV2MoE`` runs it (``FusedMoE`` with
+``use_grouped_topk``, ``scoring_func="sigmoid"``, the gate's ``e_score_correction_bias``,
+its ``shared_experts`` and ``routed_scaling_factor``):
+
+- routing: vLLM ``grouped_topk`` (:func:`kb_nano.operators.moe_parts.grouped_topk`; its
+  CUDA form is the ``ops.grouped_topk`` kernel): sigmoid scores in fp32; the bias
+  (``e_score_correction_bias`` ``[E]``, a parameter here) added for the choice only: each of
+  the ``n_group`` groups scored by its two best biased scores, the ``topk_group`` best groups
+  kept, the top-k experts of those on biased scores; weights = the chosen experts' unbiased
+  scores, renormalised when ``norm_topk_prob``.
+- ``routed_scaling_factor`` multiplies the routed experts' summed output in the model dtype,
+  before the shared experts' output is added: where vLLM's ``MoERunner``
+  (``_maybe_apply_routed_scale_to_output``) applies it, as ``DeepseekV2DecoderLayer`` asks
+  with ``apply_routed_scale_to_output`` (on ROCm AITER ``grouped_topk`` multiplies the
+  weights instead; transformers' ``DeepseekV3TopkRouter`` too; in fp16 vLLM divides the
+  shared output instead and its decoder layer rescales: the baseline computes the block's
+  true output in every dtype).
+- shared experts: a tensor-parallel gated MLP (vLLM ``DeepseekV2MLP``, ``reduce_results=False``:
+  :class:`kb_nano.operators.moe_parts.SharedExperts`) of width ``moe_intermediate_size *
+  n_shared_experts``, its partial sum added to the routed experts' (vLLM ``SharedFusedMoE``
+  adds them before the one all-reduce).
+
+The bias is stored in the model dtype (every parameter of a baseline is cast to the
+scenario dtype; vLLM keeps it in fp32) and drawn from N(0, :data:`SCORE_BIAS_STD`^2) with
+the other weights; the router logits are N(0, 1): then the expert groups change the chosen
+experts of ~85 % of the tokens against a plain top-k, and the bias those of ~99 %
+against the same choice without it (256 experts, 8 groups, 4 kept, top-8), so a kernel
+that ignores either fails.
+
 TP: vLLM's ``FusedMoE`` without expert parallelism shards every expert's intermediate
 dimension: ``w13_weight`` ``[E, 2 * I/tp, hidden]``, ``w2_weight`` ``[E, hidden, I/tp]``
 with ``I = moe_intermediate_size`` (Qwen3-MoE) or ``intermediate_size`` (Mixtral). The
 output is this rank's partial sum (the all-reduce is omitted, as in ``mlp``).
 
 Traffic: minimum DRAM bytes = the weights of the experts the batch hits (expected number
-under uniform routing, ``E * (1 - (1 - k/E)^N)``, rounded) + hidden states, router logits
-and output once; FLOPs = ``N * k * (2 * hidden * 2 I/tp + 2 * (I/tp) * hidden + 5 I/tp)``
-(the GEMMs of the k experts of every token, as vLLM's ``benchmark_moe`` counts them, plus
-the activation).
+under uniform routing, ``E * (1 - (1 - k/E)^N)``, rounded; plus the shared experts' and the
+bias) + hidden states, router logits and output once; FLOPs = ``N * k * (2 * hidden * 2 I/tp
++ 2 * (I/tp) * hidden + 5 I/tp)`` (the GEMMs of the k experts of every token, as vLLM's
+``benchmark_moe`` counts them, plus the activation), plus the same count of the shared
+experts' width once per token.
 
 Tolerance: class ``fused`` (bf16 atol 2e-2, rtol 1e-2; vLLM's fused-MoE tests use atol
 2e-2): each expert's activation is rounded and reduced again by ``w2``, and up to k expert
@@ -44,9 +75,13 @@ from kb_nano.operators.base import (
     normal,
     shard,
 )
+from kb_nano.operators.moe_parts import SCORING_FUNCS, SharedExperts, fused_topk, grouped_topk
 
 # Architectures whose decoder MLPs are mixtures of experts (used when the expert fields of
 # config.json are not at hand, e.g. `kernels --map`).
+# std of the e_score_correction_bias the baseline draws (DeepSeek-V3; see the module docstring)
+SCORE_BIAS_STD = 0.05
+
 MOE_MODEL_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "phimoe", "olmoe")
 
 
@@ -75,12 +110,24 @@ class FusedMoE(nn.Module):
         params_dtype: dtype of the expert weights (torch dtype or its name; default float32).
         reduce_results: vLLM's all-reduce flag; the per-rank module never reduces.
         renormalize: rescale the top-k routing weights to sum 1.
+        use_grouped_topk, num_expert_group, topk_group, scoring_func: vLLM's grouped top-k
+            routing (:func:`kb_nano.operators.moe_parts.grouped_topk`); without
+            ``use_grouped_topk`` the routing is ``fused_topk`` (softmax only).
+        routed_scaling_factor: multiplies the routed experts' output (vLLM ``MoERunner``).
+        e_score_correction_bias: hold a bias ``[E]`` added to the scores for the expert
+            choice only (vLLM takes the gate's tensor; here a parameter of the block).
+        shared_experts_intermediate_size: full width of the shared experts added to every
+            token (0: none; vLLM ``SharedFusedMoE`` takes the ``shared_experts`` module).
         tp_size: TP degree (kb-nano addition).
         prefix: layer name (unused). activation: ``silu`` only (every vendored MoE model).
     Forward: hidden_states ``[N, hidden_size]``; router_logits ``[N, E]`` (the ``gate``
     output). Returns ``[N, hidden_size]`` in the hidden_states dtype.
     State dict: ``w13_weight`` ``[E, 2 * I/tp, hidden]`` (gate rows then up rows),
-    ``w2_weight`` ``[E, hidden, I/tp]`` (vLLM's names and layouts).
+    ``w2_weight`` ``[E, hidden, I/tp]`` (vLLM's names and layouts); with a bias
+    ``e_score_correction_bias`` ``[E]``; with shared experts ``shared_experts.gate_up_proj.weight``
+    ``[2 * Is/tp, hidden]`` and ``shared_experts.down_proj.weight`` ``[hidden, Is/tp]``.
+    Raises ``ValueError`` for another activation or scoring function, a TP that does not
+    divide a width, or grouped top-k without groups that divide ``E``.
     """
 
     def __init__(
@@ -92,6 +139,13 @@ class FusedMoE(nn.Module):
         params_dtype: torch.dtype | str | None = None,
         reduce_results: bool = False,
         renormalize: bool = True,
+        use_grouped_topk: bool = False,
+        num_expert_group: int | None = None,
+        topk_group: int | None = None,
+        scoring_func: str = "softmax",
+        routed_scaling_factor: float = 1.0,
+        e_score_correction_bias: bool = False,
+        shared_experts_intermediate_size: int = 0,
         tp_size: int = 1,
         prefix: str = "",
         activation: str = "silu",
@@ -101,25 +155,42 @@ class FusedMoE(nn.Module):
             raise ValueError(f"activation {activation!r} not supported; supported: silu")
         if intermediate_size % tp_size:
             raise ValueError(f"tp_size={tp_size} does not divide intermediate_size={intermediate_size}")
+        if scoring_func not in SCORING_FUNCS or (scoring_func != "softmax" and not use_grouped_topk):
+            raise ValueError(f"scoring_func {scoring_func!r} needs use_grouped_topk (supported: {SCORING_FUNCS})")
+        if use_grouped_topk and (not num_expert_group or not topk_group or num_experts % num_expert_group):
+            raise ValueError(
+                f"grouped top-k: num_expert_group={num_expert_group} must divide num_experts={num_experts}"
+            )
         dtype = DTYPES[params_dtype] if isinstance(params_dtype, str) else (params_dtype or torch.float32)
         shard_size = intermediate_size // tp_size
         self.num_experts = num_experts
         self.top_k = top_k
         self.renormalize = renormalize
         self.tp_size = tp_size
+        self.grouping = (num_expert_group, topk_group, scoring_func) if use_grouped_topk else None
+        self.routed_scaling_factor = float(routed_scaling_factor)
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * shard_size, hidden_size, dtype=dtype))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, shard_size, dtype=dtype))
         # nn.Linear's default init per expert (uniform +-1/sqrt(fan_in)): outputs of order 1.
         nn.init.uniform_(self.w13_weight, -(hidden_size**-0.5), hidden_size**-0.5)
         nn.init.uniform_(self.w2_weight, -(shard_size**-0.5), shard_size**-0.5)
+        self.e_score_correction_bias = None
+        if e_score_correction_bias:
+            self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts, dtype=dtype))
+            nn.init.normal_(self.e_score_correction_bias, std=SCORE_BIAS_STD)
+        self.shared_experts = None
+        if shared_experts_intermediate_size:
+            self.shared_experts = SharedExperts(hidden_size, shared_experts_intermediate_size, tp_size, dtype)
 
     def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(topk_weights fp32 [N, k], topk_ids int64 [N, k])`` (vLLM ``fused_topk``)."""
-        probs = torch.softmax(router_logits.float(), dim=-1)
-        topk_weights, topk_ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-        return topk_weights, topk_ids
+        """``(topk_weights fp32 [N, k], topk_ids int64 [N, k])``: vLLM ``fused_topk``, or
+        ``grouped_topk`` (without the scaling factor, applied to the output in ``forward``)."""
+        if self.grouping is None:
+            return fused_topk(router_logits, self.top_k, self.renormalize)
+        groups, keep, scoring = self.grouping
+        return grouped_topk(
+            router_logits, self.top_k, self.renormalize, groups, keep, scoring, 1.0, self.e_score_correction_bias
+        )
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = self.select_experts(router_logits)
@@ -132,6 +203,10 @@ class FusedMoE(nn.Module):
             h = F.linear(F.silu(gate) * up, self.w2_weight[e])
             h = h * topk_weights[token_idx, top_k_pos, None]
             out.index_add_(0, token_idx, h.to(out.dtype))
+        if self.routed_scaling_factor != 1.0:
+            out = out * self.routed_scaling_factor
+        if self.shared_experts is not None:
+            out = self.shared_experts(hidden_states) + out
         return out
 
 
@@ -139,6 +214,35 @@ def moe_intermediate_size(facts: dict) -> int:
     """One expert's intermediate size: ``moe_intermediate_size`` (Qwen-MoE) or
     ``intermediate_size`` (Mixtral)."""
     return int(config_field(facts, "moe_intermediate_size", default=facts["intermediate_size"]))
+
+
+def moe_semantics(facts: dict) -> str:
+    """The semantics of the model's MoE block from its module tree (``deepseek_v3`` for
+    ``DeepseekV3MoE``: :data:`kb_nano.models.module_tree.COVERED_MOE`), ``""`` otherwise."""
+    return (((facts.get("mlp_blocks") or {}).get("moe")) or {}).get("semantics") or ""
+
+
+def _deepseek_v3_args(facts: dict, tp: int) -> dict:
+    """The grouped sigmoid routing, bias, scaling and shared experts of a DeepSeek-V3 block."""
+    scoring, method = config_field(facts, "scoring_func"), config_field(facts, "topk_method")
+    if scoring != "sigmoid" or method != "noaux_tc":
+        raise NotApplicable(
+            f"not covered: DeepseekV3MoE with scoring_func={scoring!r}, topk_method={method!r} (transformers "
+            "always scores with sigmoid and a correction bias; vLLM follows the config: they differ)"
+        )
+    shared = next((d for d in facts["mlp_blocks"]["dense"] if d["where"] == "shared_experts"), None)
+    if shared is None or shared["act"] != "silu" or not shared["intermediate_size"]:
+        raise NotApplicable("not covered: DeepseekV3MoE without SiLU-gated shared experts")
+    shard(shared["intermediate_size"], tp, "shared experts' intermediate_size")
+    return {
+        "use_grouped_topk": True,
+        "num_expert_group": int(config_field(facts, "n_group")),
+        "topk_group": int(config_field(facts, "topk_group")),
+        "scoring_func": "sigmoid",
+        "routed_scaling_factor": float(config_field(facts, "routed_scaling_factor", default=1.0)),
+        "e_score_correction_bias": True,
+        "shared_experts_intermediate_size": shared["intermediate_size"],
+    }
 
 
 def _init_args(facts: dict, tp: int) -> dict:
@@ -154,6 +258,7 @@ def _init_args(facts: dict, tp: int) -> dict:
         )
     inter = moe_intermediate_size(facts)
     shard(inter, tp, "moe intermediate_size")
+    extra = _deepseek_v3_args(facts, tp) if moe_semantics(facts) == "deepseek_v3" else {}
     return {
         "num_experts": e,
         "top_k": int(top_k),
@@ -161,6 +266,7 @@ def _init_args(facts: dict, tp: int) -> dict:
         "intermediate_size": inter,
         "params_dtype": facts["dtype"],
         "renormalize": bool(config_field(facts, "norm_topk_prob", default=True)),
+        **extra,
         "tp_size": tp,
     }
 
@@ -174,12 +280,14 @@ def _inputs(args, facts, tp, num_tokens, dtype):
 
 def _traffic(args, inputs, dtype):
     n, h = inputs[0]["shape"]
-    es = element_size(inputs[0]["dtype"])
-    e, k = args["num_experts"], args["top_k"]
-    i = args["intermediate_size"] // args["tp_size"]
+    es, ws = element_size(inputs[0]["dtype"]), element_size(args["params_dtype"])
+    e, k, tp = args["num_experts"], args["top_k"], args["tp_size"]
+    i = args["intermediate_size"] // tp
+    shared = args.get("shared_experts_intermediate_size", 0) // tp
     experts_hit = max(1, round(e * (1 - (1 - k / e) ** n)))
-    nbytes = experts_hit * 3 * h * i * element_size(args["params_dtype"]) + (2 * n * h + n * e) * es
-    return nbytes, n * k * (2 * h * 2 * i + 2 * i * h + 5 * i)
+    weights = (experts_hit * i + shared) * 3 * h + (e if args.get("e_score_correction_bias") else 0)
+    flops = (n * k * i + n * shared) * (2 * h * 2 + 2 * h + 5)
+    return weights * ws + (2 * n * h + n * e) * es, flops
 
 
 OPERATORS = {
@@ -194,6 +302,7 @@ OPERATORS = {
         used_in="layers.*.mlp.experts / block_sparse_moe.experts (after the router gate; MoE models)",
         applies_to=is_moe,
         reads_module_tree=True,
+        semantics=moe_semantics,
         tolerance=dict(TOLERANCES["fused"]),
     ),
 }
