@@ -61,6 +61,9 @@ MANIFEST_MODULES = (
 )
 # Golden-tensor files a kernel job of a golden target reads through (with the harness modules).
 GOLDEN_MODULES = ("models/golden_inputs.py", "models/golden.py")
+# Modules an operator module's baseline computes with, beyond its own file (by the operator
+# module's name): MLA's attention cores are in operators/mla.py.
+OPERATOR_HELPERS = {"attention": ("operators/mla.py",)}
 
 
 def check_config(config: dict) -> None:
@@ -207,7 +210,8 @@ def harness_files(target: str) -> list[str]:
     module = operators.CATALOG[target].module.split(".")[-1]
     from kb_nano.models.golden import GOLDEN_TARGETS
 
-    files = [*HARNESS_MODULES, f"operators/{module}.py", *(GOLDEN_MODULES if target in GOLDEN_TARGETS else ())]
+    files = [*HARNESS_MODULES, f"operators/{module}.py", *OPERATOR_HELPERS.get(module, ())]
+    files += GOLDEN_MODULES if target in GOLDEN_TARGETS else ()
     return [str(PACKAGE_DIR / f) for f in files]
 
 

@@ -240,10 +240,11 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
         assert rows[sid]["applicable"], rows[sid]["reason"]
         return [i["shape"] for i in rows[sid]["inputs"]]
 
-    # DeepSeek-V3: the dense layers' MLP is measured; MLA and its MoE are not covered
+    # DeepSeek-V3: the dense layers' MLP and MLA (its own kind) are measured; its MoE is not covered
     assert rows["mlp__deepseek-v3__tp1__n4"]["init_args"]["intermediate_size"] == 18432
     assert shapes("silu_and_mul__deepseek-v3__tp1__n4") == [[4, 2 * 18432]]
-    assert reason("attention__deepseek-v3__tp1__n4").startswith("not covered: DeepseekV3Attention has kv_a_layernorm")
+    assert shapes("attention__deepseek-v3__tp1__n4__mla") == [[4, 128, 192], [4, 128, 192], [4, 128, 128]]
+    assert shapes("attention__deepseek-v3__tp1__n4__ctx16__mla") == [[4, 128, 576], [4, 17, 576]]
     assert reason("fused_moe__deepseek-v3__tp1__n4").startswith("not covered: DeepseekV3MoE")
     # gpt-oss: attention with sinks per layer kind; experts of its own (clamped SwiGLU): no
     # stand-in silu_and_mul
