@@ -61,8 +61,9 @@ MANIFEST_MODULES = (
 )
 # Golden-tensor files a kernel job of a golden target reads through (with the harness modules).
 GOLDEN_MODULES = ("models/golden_inputs.py", "models/golden.py")
-# Modules an operator's module builds its baseline from, beyond itself and base.py
-OPERATOR_PARTS = {"moe": ("operators/moe_parts.py",)}
+# Modules an operator module's baseline computes with, beyond its own file and base.py
+# (by the operator module's name): MoE's routing and experts, MLA's attention cores.
+OPERATOR_PARTS = {"moe": ("operators/moe_parts.py",), "attention": ("operators/mla.py",)}
 
 
 def check_config(config: dict) -> None:

@@ -240,11 +240,12 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
         assert rows[sid]["applicable"], rows[sid]["reason"]
         return [i["shape"] for i in rows[sid]["inputs"]]
 
-    # DeepSeek-V3: the dense layers' MLP is measured; MLA is not covered; its MoE block is
+    # DeepSeek-V3: the dense layers' MLP and MLA (its own kind) are measured; its MoE block is
     # measured with its own semantics (grouped sigmoid top-k, bias, scaling, shared experts)
     assert rows["mlp__deepseek-v3__tp1__n4"]["init_args"]["intermediate_size"] == 18432
     assert shapes("silu_and_mul__deepseek-v3__tp1__n4") == [[4, 2 * 18432]]
-    assert reason("attention__deepseek-v3__tp1__n4").startswith("not covered: DeepseekV3Attention has kv_a_layernorm")
+    assert shapes("attention__deepseek-v3__tp1__n4__mla") == [[4, 128, 192], [4, 128, 192], [4, 128, 128]]
+    assert shapes("attention__deepseek-v3__tp1__n4__ctx16__mla") == [[4, 128, 576], [4, 17, 576]]
     moe = rows["fused_moe__deepseek-v3__tp1__n4__deepseek_v3"]
     assert moe["semantics"] == "deepseek_v3" and shapes(moe["scenario_id"]) == [[4, 7168], [4, 256]]
     assert {k: moe["init_args"][k] for k in ("num_expert_group", "topk_group", "scoring_func")} == {

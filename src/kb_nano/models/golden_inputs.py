@@ -32,7 +32,8 @@ def golden_inputs(scenario: dict, golden: dict, root: Path, device: str, draw: i
     ``0..h/tp-1`` and KV heads ``0..kv/tp-1``, which GQA groups together). Rows beyond the
     captured ones (decode sequences > prompts, MoE tokens > P*L, sampler rows) cycle.
     Raises ``GoldenMismatch`` when the capture cannot provide the scenario (too few tokens,
-    other head_dim) and ``KbNanoError`` when the golden file is unreadable.
+    other head_dim, multi-head latent attention) and ``KbNanoError`` when the golden file
+    is unreadable.
     """
     import torch
     from safetensors import safe_open
@@ -60,6 +61,8 @@ def golden_inputs(scenario: dict, golden: dict, root: Path, device: str, draw: i
 
     if target == "attention":
         args = scenario["init_args"]
+        if args.get("kv_lora_rank"):
+            raise GoldenMismatch("golden attention holds no multi-head latent attention inputs (MLA latents)")
         h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
         q, k, v = (f.get_tensor(f"layer{layer}.{n}") for n in ("query", "key", "value"))
         prompts, seq_len = q.shape[0], q.shape[1]

@@ -12,7 +12,8 @@ Today this covers the hidden-size RMSNorm (``rms_norm``, ``fused_add_rms_norm``)
 the class is called; and the self-attention layers (``attention``): each layer's softmax
 scale, sliding window and logit soft-cap, so layers that differ (Gemma's sliding and
 global layers) are measured as separate kinds. A module that computes something else
-is ``not covered``; attention sinks (gpt-oss) are probed and become part of the kind.
+is ``not covered``; attention sinks (gpt-oss) are probed and become part of the kind, and
+DeepSeek-V3's multi-head latent attention is a kind with its dimensions.
 Per-head q/k norms (``qk_norm``: Qwen3, Gemma-3) are read the same
 way as the hidden-size norm; each layer's feed-forward block gives the dense MLPs (width,
 activation) and the MoE block, covered only for the classes the ``fused_moe`` baseline is
@@ -216,8 +217,9 @@ def norm_offset(meta_module: torch.nn.Module, hidden: int) -> float | None:
 
 # The parts of a transformers attention module whose semantics kb-nano's ``attention``
 # measures (projections outside it; q/k norms are the ``qk_norm`` operator's): a module
-# with any other child module or a parameter of its own (MLA's ``kv_a_proj_with_mqa``,
-# Llama-4's L2 qk norm) is ``not covered``; a ``sinks`` parameter is covered when
+# with any other child module or a parameter of its own (Llama-4's L2 qk norm) is ``not
+# covered`` (multi-head latent attention, which has ``kv_a_proj_with_mqa``, is read by
+# :func:`kb_nano.operators.mla.mla_layer`); a ``sinks`` parameter is covered when
 # :func:`sinks_reason` finds the module's attention computes gpt-oss's sinks
 ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rotary_emb"}
 
@@ -229,18 +231,25 @@ def attention_layers(lm: torch.nn.Module) -> dict:
     "layers"}, ...], "reason": None}`` with one entry per distinct (softmax scale, sliding
     window, soft-cap, sinks) in layer order (``layers``: how many layers have it; the
     module's ``scaling``, ``sliding_window``, ``attn_logit_softcapping`` and whether it
-    has a ``sinks`` parameter), or ``{"kinds": [], "reason": "not covered: ..."}`` for an
-    attention module with parts kb-nano does not measure (:data:`ATTENTION_CHILDREN`;
-    sinks that :func:`sinks_reason` rejects)."""
+    has a ``sinks`` parameter; multi-head latent attention adds ``"mla"``, its dimensions
+    from :func:`kb_nano.operators.mla.mla_layer`), or ``{"kinds": [], "reason": "not
+    covered: ..."}`` for an attention module with parts kb-nano does not measure
+    (:data:`ATTENTION_CHILDREN`; sinks that :func:`sinks_reason` rejects; an MLA class
+    ``mla_layer`` rejects)."""
+    from kb_nano.operators.mla import mla_layer
+
     kinds: dict[tuple, dict] = {}
     probed: dict[type, str | None] = {}  # attention class -> sinks_reason
     for name, module in lm.named_modules():
         if not name.endswith(".self_attn"):
             continue
         cls = type(module).__name__
+        mla = mla_layer(module) if hasattr(module, "kv_a_proj_with_mqa") else None
+        if isinstance(mla, str):
+            return {"kinds": [], "reason": mla}
         extra = sorted(set(dict(module.named_children())) - ATTENTION_CHILDREN)
         own = sorted(n for n, _ in module.named_parameters(recurse=False) if n != "sinks")
-        if extra or own:
+        if (extra or own) and mla is None:
             return {"kinds": [], "reason": f"not covered: {cls} has {', '.join(extra + own)}"}
         sinks = isinstance(getattr(module, "sinks", None), torch.nn.Parameter)
         if sinks:
@@ -251,8 +260,12 @@ def attention_layers(lm: torch.nn.Module) -> dict:
         window = getattr(module, "sliding_window", None)
         cap = getattr(module, "attn_logit_softcapping", None)
         key = (float(module.scaling), int(window) if window else None, float(cap) if cap else None, sinks)
+        key += (tuple(mla.values()),) if mla else ()
         entry = kinds.setdefault(
-            key, {"scale": key[0], "sliding_window": key[1], "logits_soft_cap": key[2], "sinks": sinks, "layers": 0}
+            key,
+            {"scale": key[0], "sliding_window": key[1], "logits_soft_cap": key[2], "sinks": sinks}
+            | ({"mla": mla} if mla else {})
+            | {"layers": 0},
         )
         entry["layers"] += 1
     if not kinds:

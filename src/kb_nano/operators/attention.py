@@ -29,8 +29,10 @@ a decode scenario twice as long as the window is added. A layer with attention s
 dropped after it) passes ``sinks=True``: the baseline then holds the per-rank sink logits
 as its parameter ``sinks`` ``[num_heads]`` and those scenarios have the ``sinks``
 semantics (``sliding_window+sinks`` on a sliding layer). An attention module with other
-parts kb-nano does not measure (multi-head latent attention, Llama-4's L2 q/k norm) makes
-the operator ``n/a: not covered: ...`` for the model.
+parts kb-nano does not measure (Llama-4's L2 q/k norm, an MLA class other than
+DeepSeek-V3's) makes the operator ``n/a: not covered: ...`` for the model.
+Multi-head latent attention (DeepSeek-V3) is a layer kind with the ``mla`` semantics (ids
+end in ``__mla``), computed as vLLM's MLA backends do: :mod:`kb_nano.operators.mla`.
 
 Inputs: q and k are drawn from N(0, s^2) with s^2 = cap / (sqrt(head_size) * scale) when
 the layer soft-caps its logits, so the logits' spread is the cap and ``tanh`` binds (on
@@ -60,6 +62,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kb_nano.operators import mla
 from kb_nano.operators.base import (
     TOLERANCES,
     NotApplicable,
@@ -107,6 +110,9 @@ class Attention(nn.Module):
             the parameter ``sinks`` ``[num_heads]`` (vLLM passes the model's ``sinks``
             tensor, split by heads across TP ranks; here the baseline's state_dict carries
             it); see :meth:`_sink_probs`.
+        kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim: all set for MLA
+            (DeepSeek-V3: 512, 128, 64, 128; ``head_size = kv_lora_rank + qk_rope_head_dim``,
+            ``num_kv_heads = 1``, as vLLM builds MLA; ``ValueError`` otherwise).
     Forward:
         query ``[N, num_heads * head_size]``; key, value ``[N, num_kv_heads * head_size]``
         (after RoPE); key_cache, value_cache (kb-nano addition: vLLM reads them from the
@@ -115,6 +121,17 @@ class Attention(nn.Module):
         sequences, token i attends to ``key_cache[i]`` and to its own key.
     Returns ``[N, num_heads * head_size]`` in the query dtype. Parameters: ``sinks`` only
     when built with ``sinks=True``.
+    MLA forward (built with ``kv_lora_rank``), per rank:
+        prefill ``forward(query, key, value)``: query, key ``[N, num_heads, qk_nope_head_dim
+        + qk_rope_head_dim]`` (``q_nope ++ q_pe`` after rotary; ``k_nope`` from
+        ``kv_b_proj`` ++ the rotated ``k_pe``, repeated per head), value ``[N, num_heads,
+        v_head_dim]``: causal attention over one sequence, returns ``[N, num_heads *
+        v_head_dim]`` (:func:`~kb_nano.operators.mla.mla_prefill`).
+        decode ``forward(query, kv_cache)`` (passed as ``key``; no value): query ``[N,
+        num_heads, head_size]`` (``q_nope @ W_UK`` ++ ``q_pe``), kv_cache ``[N, C + 1,
+        head_size]`` (each sequence's latents ``kv_c ++ k_pe``, its new token last),
+        values = ``kv_cache[..., :kv_lora_rank]``: returns ``[N, num_heads, kv_lora_rank]``
+        before ``W_UV`` (:func:`~kb_nano.operators.mla.mla_decode`).
     """
 
     def __init__(
@@ -127,8 +144,13 @@ class Attention(nn.Module):
         per_layer_sliding_window: int | None = None,
         prefix: str = "",
         sinks: bool = False,
+        kv_lora_rank: int | None = None,
+        qk_nope_head_dim: int | None = None,
+        qk_rope_head_dim: int | None = None,
+        v_head_dim: int | None = None,
     ) -> None:
         super().__init__()
+        self.mla_dims = mla.mla_dims(head_size, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -148,10 +170,14 @@ class Attention(nn.Module):
         self,
         query: torch.Tensor,
         key: torch.Tensor,
-        value: torch.Tensor,
+        value: torch.Tensor | None = None,
         key_cache: torch.Tensor | None = None,
         value_cache: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if self.mla_dims is not None:
+            if value is None:  # absorbed decode: key is the latent cache
+                return mla.mla_decode(query, key, self.mla_dims["kv_lora_rank"], self.scale)
+            return mla.mla_prefill(query, key, value, self.scale)
         n = query.shape[0]
         q = query.view(n, self.num_heads, self.head_size)
         k = key.view(n, self.num_kv_heads, self.head_size)
@@ -253,6 +279,8 @@ def _init_args(facts: dict, tp: int) -> dict:
     if kind is None:  # facts without the module tree: the config's fields
         cap = config_field(facts, "attn_logit_softcapping")
         kind = {"scale": attention_scale(facts), "sliding_window": None, "logits_soft_cap": float(cap) if cap else None}
+    if kind.get("mla"):
+        return mla.mla_init_args(kind, facts["num_attention_heads"], tp)
     return {
         "num_heads": shard(facts["num_attention_heads"], tp, "num_attention_heads"),
         "head_size": facts["head_dim"],
@@ -265,10 +293,10 @@ def _init_args(facts: dict, tp: int) -> dict:
 
 
 def _semantics(facts: dict) -> str:
-    """The layer kind's non-standard parts, joined by ``+``: ``sliding_window``,
-    ``sinks``, ``sliding_window+sinks`` (gpt-oss's sliding layers) or ``""``."""
+    """The layer kind's non-standard parts, joined by ``+``: ``sliding_window``, ``sinks``,
+    ``sliding_window+sinks`` (gpt-oss's sliding layers), ``mla`` (DeepSeek-V3) or ``""``."""
     kind = facts.get("attention_kind") or {}
-    return "+".join(name for name in ("sliding_window", "sinks") if kind.get(name))
+    return "+".join(name for name in ("sliding_window", "sinks", "mla") if kind.get(name))
 
 
 def _variants(facts: dict, options: dict) -> list[tuple[str, dict]]:
@@ -290,6 +318,9 @@ def _variants(facts: dict, options: dict) -> list[tuple[str, dict]]:
 
 
 def _inputs(args, facts, tp, num_tokens, dtype, context_len: int | None = None):
+    _check_lengths(facts, num_tokens, context_len)
+    if args.get("kv_lora_rank"):
+        return mla.mla_inputs(args, num_tokens, dtype, context_len)
     h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
     cap = args.get("logits_soft_cap")
     # logits q.k * scale have std s^2 * sqrt(d) * scale on N(0, s^2) inputs: the cap's size;
@@ -306,11 +337,23 @@ def _inputs(args, facts, tp, num_tokens, dtype, context_len: int | None = None):
         normal("value", [num_tokens, kv * d], dtype),
     ]
     if context_len is None:
+        return specs
+    return specs + [
+        normal("key_cache", [num_tokens, context_len, kv, d], dtype, std),
+        normal("value_cache", [num_tokens, context_len, kv, d], dtype),
+    ]
+
+
+def _check_lengths(facts: dict, num_tokens: int, context_len: int | None) -> None:
+    """Raises ``NotApplicable`` for a prefill longer than the model's
+    ``max_position_embeddings``, a decode position beyond it, or a decode cache of more
+    than :data:`MAX_DECODE_CACHE_TOKENS` tokens."""
+    if context_len is None:
         if num_tokens > facts["max_position_embeddings"]:
             raise NotApplicable(
                 f"num_tokens={num_tokens} exceeds max_position_embeddings={facts['max_position_embeddings']}"
             )
-        return specs
+        return
     if context_len + 1 > facts["max_position_embeddings"]:
         raise NotApplicable(
             f"context_len={context_len} + 1 exceeds max_position_embeddings={facts['max_position_embeddings']}"
@@ -320,13 +363,11 @@ def _inputs(args, facts, tp, num_tokens, dtype, context_len: int | None = None):
             f"{num_tokens} sequences x {context_len} cached tokens exceed MAX_DECODE_CACHE_TOKENS="
             f"{MAX_DECODE_CACHE_TOKENS} (kb_nano.operators.attention)"
         )
-    return specs + [
-        normal("key_cache", [num_tokens, context_len, kv, d], dtype, std),
-        normal("value_cache", [num_tokens, context_len, kv, d], dtype),
-    ]
 
 
 def _traffic(args, inputs, dtype):
+    if args.get("kv_lora_rank"):
+        return mla.mla_traffic(args, inputs)
     h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
     n = inputs[0]["shape"][0]
     es = element_size(inputs[0]["dtype"])
@@ -352,5 +393,7 @@ OPERATORS = {
         semantics=_semantics,
         reads_module_tree=True,
         layer_kinds=_layer_kinds,
+        map_variants=lambda facts: mla.map_variants(facts, DEFAULT_CONTEXT_LENS[0]),
+        contract_note=mla.MLA_CONTRACT,
     ),
 }

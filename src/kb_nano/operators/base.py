@@ -62,6 +62,12 @@ class Operator:
             operator differs between in the model (``attention``: sliding-window and global
             layers). Each kind gives its own scenarios, whose id ends in ``__<kind>`` (no
             suffix for ``""``) and whose rules see ``{**facts, **overrides}``. Default: one.
+        map_variants: ``facts -> [(label, extra), ...]``: the variants whose per-rank inputs
+            ``kernels --map`` shows for a layer kind (``extra`` passed to ``inputs``),
+            labelled when more than one (``attention`` with MLA: prefill and decode, whose
+            inputs differ). Default: the plain variant alone.
+        contract_note: text ``kernels --list`` shows under the forward signature: inputs a
+            form of the operator takes that the signature does not tell (``attention``: MLA).
     """
 
     name: str
@@ -80,6 +86,8 @@ class Operator:
     semantics: Callable[[dict], str] = field(default=lambda facts: "")
     reads_module_tree: bool = False
     layer_kinds: Callable[[dict], list[tuple[str, dict]]] = field(default=lambda facts: [("", {})])
+    map_variants: Callable[[dict], list[tuple[str, dict]]] = field(default=lambda facts: [("", {})])
+    contract_note: str = ""
 
 
 # What each non-standard semantics of an operator computes (the skip reason of a candidate
@@ -90,6 +98,8 @@ SEMANTICS = {
     "sinks": "attention softmax has a per-head sink logit as an extra key, dropped after it (gpt-oss; vLLM sinks)",
     "deepseek_v3": "MoE routes by sigmoid scores over expert groups, picks on scores + e_score_correction_bias, "
     "scales the routed output by routed_scaling_factor and adds shared experts (vLLM grouped_topk, DeepseekV2MoE)",
+    "mla": "attention is multi-head latent attention: prefill on decompressed q/k/v, decode absorbed over the "
+    "576-wide latent cache (DeepSeek-V3; vLLM MLA)",
 }
 
 

@@ -184,7 +184,7 @@ def operator_table(
                     f"L{op.level}",
                     op.category,
                     op.baseline.__module__,
-                    f"{escape(init)}\n{escape(forward)}",
+                    escape("\n".join(filter(None, (init, forward, op.contract_note)))),
                     escape(op.used_in),
                     escape(state_dict_text(op, examples)),
                 ]
@@ -221,7 +221,8 @@ def map_tables(examples: ModelExamples) -> Iterator[Table]:
     operator's rules rule that TP out, ``n/a: not covered: ...`` where the model's module
     computes a form kb-nano does not measure); one row per layer kind of the operator
     (``attention (sliding4096, sliding_window)``, ``attention (full)``), and non-standard
-    semantics named (``rms_norm (gemma)``). Raises what loading a model's config raises
+    semantics named (``rms_norm (gemma)``); an operator's ``map_variants`` labelled
+    (``prefill: ...; decode ctx256: ...`` for multi-head latent attention). Raises what loading a model's config raises
     (``KbNanoError`` for a missing or unreadable config)."""
     for ref in examples.configured:
         facts = examples.facts(ref)
@@ -239,11 +240,18 @@ def map_tables(examples: ModelExamples) -> Iterator[Table]:
                 if not op.applies_to(kind_facts):
                     continue
                 cells = []
+                shown = op.map_variants(kind_facts)
                 for tp in examples.tps:
                     try:
                         init = op.init_args(kind_facts, tp)
-                        inputs = op.inputs(init, kind_facts, tp, 1, facts["dtype"])
-                        cells.append(", ".join(shape_text(s) for s in inputs))
+                        texts = [
+                            (f"{label}: " if len(shown) > 1 else "")
+                            + ", ".join(
+                                shape_text(s) for s in op.inputs(init, kind_facts, tp, 1, facts["dtype"], **extra)
+                            )
+                            for label, extra in shown
+                        ]
+                        cells.append("; ".join(texts))
                     except NotApplicable as exc:
                         cells.append(f"n/a: {exc}")
                 label = ", ".join(filter(None, (kind, op.semantics(kind_facts))))
