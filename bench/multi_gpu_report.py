@@ -40,18 +40,8 @@ from pathlib import Path
 
 import pandas as pd
 
-RUN_COLUMNS = [
-    "gpus",
-    "exit_code",
-    "wall_s",
-    "start_epoch",
-    "end_epoch",
-    "start_local",
-    "end_local",
-    "planned_jobs",
-    "parquet",
-    "complete",
-]
+# the columns of runs.tsv, in the order bench/multi_gpu.sh writes them
+RUN_COLUMNS = "gpus exit_code wall_s start_epoch end_epoch start_local end_local planned_jobs parquet complete".split()
 SMI_TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 
 

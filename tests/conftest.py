@@ -5,8 +5,10 @@ Layout: one folder per package under test (``kernels/``, ``operators/``, ``model
 imports each test file by its basename: basenames must stay unique across folders. Helper
 modules used by several folders (``workflow_helpers``, ``tracking_helpers``) live here,
 importable by name (``pythonpath`` in pyproject.toml); a folder's own helpers and data
-live in it (``workflow/slurm_cluster.py``, ``e2e/vllm_greedy.py``, ``kernels/adversarial/``,
-``e2e/candidates/``).
+live in it (``workflow/slurm_cluster.py``, ``e2e/vllm_greedy.py``, ``kernels/candidate_helpers.py``,
+``operators/operator_helpers.py``, ``operators/layer_model_helpers.py``,
+``models/model_config_expectations.py``, ``kernels/adversarial/``, ``e2e/candidates/``), as do its
+shared fixtures (``kernels/conftest.py``, ``cli/conftest.py``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# the vendored tiny Llama (a model folder, relative to the repository or a copy of the workflow)
+TINY = "config/models/kb-nano/tiny-llama"
 COPY = ("Snakefile", "workflow", "config", "candidates", "profiles", "envs")
 
 SMALL = {

@@ -1,0 +1,31 @@
+"""The roofline review: the bound, the measured and overridden peaks, the CPU copy bandwidth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kb_nano import roofline
+
+
+def test_roofline_bound_and_review():
+    peak = {"copy_gbps": 1000.0, "matmul_tflops": 100.0}
+    # 1 GB at 1000 GB/s = 1 ms; 1e11 flop at 100 TFLOP/s = 1 ms; the larger term wins
+    assert roofline.bound_ms(10**9, 0, peak) == pytest.approx(1.0)
+    assert roofline.bound_ms(10**9, 2 * 10**11, peak) == pytest.approx(2.0)
+    assert roofline.bound_ms(None, None, peak) is None
+    assert roofline.review(0.9, 1.0, peak) is None  # within the margin
+    assert "implausible" in roofline.review(0.5, 1.0, peak)
+
+
+def test_roofline_peaks_are_measured_once_and_overridable(tmp_path):
+    first = roofline.peaks(torch.device("cpu"), "test-cpu", torch.float32, tmp_path)
+    assert first["copy_gbps"] > 0 and first["matmul_tflops"] > 0
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    again = roofline.peaks(torch.device("cpu"), "test-cpu", torch.float32, tmp_path, {"copy_gbps": 5.0})
+    assert again["copy_gbps"] == 5.0 and again["matmul_tflops"] == first["matmul_tflops"]
+
+
+def test_cpu_copy_bandwidth_is_measured_at_the_working_set():
+    small = roofline.copy_gbps_at(torch.device("cpu"), 64 * 1024)
+    assert small > 0

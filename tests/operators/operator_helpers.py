@@ -1,0 +1,39 @@
+"""Helpers of the operator baseline tests (test_l1_baselines, test_rotary, test_operator_rules,
+test_l1_new_operators, test_attention, test_mlp_moe): seeded random tensors, the per-rank
+shapes an operator's rules give, and the configured models."""
+
+from __future__ import annotations
+
+import torch
+
+from kb_nano import operators
+
+# the models of config/models/models.yaml that the applies_to checks go over
+MODELS = (
+    "llama31-8b",
+    "llama32-1b",
+    "qwen25-7b",
+    "qwen3-8b",
+    "mistral-7b-v03",
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
+    "gemma2-2b",
+)
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    """A CPU generator seeded with ``seed``."""
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, dtype=torch.float32, seed=0, std=1.0):
+    """Seeded normal values of ``shape`` times ``std``, drawn in float32 and cast to ``dtype``."""
+    return (torch.randn(shape, generator=gen(seed), dtype=torch.float32) * std).to(dtype)
+
+
+def shapes(name, facts, tp, n=4, **extra):
+    """The init args of operator ``name`` at ``tp`` and its inputs' shapes by name, for ``n``
+    tokens in bfloat16."""
+    op = operators.get(name)
+    args = op.init_args(facts, tp)
+    return args, {s["name"]: s["shape"] for s in op.inputs(args, facts, tp, n, "bfloat16", **extra)}
