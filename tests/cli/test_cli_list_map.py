@@ -47,8 +47,8 @@ def test_list_shows_the_candidate_contract(work):
         assert init.startswith(baseline.__name__ + "(") and forward.startswith("forward(")
         assert "self" not in init + forward and "'" not in forward
     assert contract(operators.get("attention").baseline)[1] == (
-        "forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor | None = None, "
-        "value_cache: torch.Tensor | None = None) -> torch.Tensor"
+        "forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None, key_cache: torch.Tensor "
+        "| None = None, value_cache: torch.Tensor | None = None) -> torch.Tensor"
     )
 
 
