@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
-from fidelity_each import KERNEL_ABS_MS, KERNEL_REL, cupti_each_ms, each_table
+from fidelity_each import KERNEL_ABS_MS, KERNEL_REL, activity_trace, cupti_each_ms, each_table
 from fidelity_ncu import ncu_ms
 from fidelity_rows import REPO, input_sets, modules, rows_of, settings, slots
 
@@ -111,36 +111,34 @@ class ClockSampler:
 
 
 def flush_compare_us(module, inputs: list, device: torch.device, calls: int = 30) -> dict:
-    """Median CUPTI kernel time (us) of ``module`` after a zeroing and after a reading
-    flush of kb-nano's size."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """Median CUPTI kernel time (us) of a single-kernel ``module`` after a zeroing and after a
+    reading flush of kb-nano's size, read through :func:`fidelity_each.activity_trace`
+    (the flush's, the gap's and the memset's records left out by name)."""
     from kb_nano.kernels.timing import L2Flush
 
     read = L2Flush(device)
     zero = torch.empty(read.nbytes, dtype=torch.int8, device=device)
-    out = {}
+    trace, out = activity_trace(), {}
     with torch.inference_mode():
         for mode, flush in (("zero", zero.zero_), ("read", read)):
             for _ in range(3):
                 flush()
                 module(*inputs)
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(calls):
-                    flush()
-                    torch.cuda._sleep(1000)  # a gap, so the call's kernel starts alone
-                    module(*inputs)
-                torch.cuda.synchronize()
+            trace.start()
+            for _ in range(calls):
+                flush()
+                torch.cuda._sleep(1000)  # a gap, so the call's kernel starts alone
+                module(*inputs)
+            torch.cuda.synchronize()
             names = {}
-            for e in prof.profiler.kineto_results.events():
-                if str(e.device_type()) == "DeviceType.CUDA":
-                    names.setdefault(e.name(), []).append(e.duration_ns() / 1e3)
+            for _, name, start, end in trace.stop():
+                names.setdefault(name, []).append((end - start) / 1e3)
             mine = [
                 v
                 for n, v in names.items()
                 if len(v) == calls
-                and not any(flush_part in n for flush_part in ("reduce_kernel", "spin", "elementwise", "Memset"))
+                and not any(part in n.lower() for part in ("reduce_kernel", "spin", "elementwise", "memset"))
             ]
             out[mode] = statistics.median(mine[0]) if len(mine) == 1 else None
     return out
@@ -296,7 +294,7 @@ def main() -> int:
         mods = modules(s, cand, device)
         inputs = input_sets(s, device, 1)[0]
         for side in ("baseline", "candidate"):
-            r[f"cupti_{side}_each"] = cupti_each_ms(mods[side], inputs, device)
+            r[f"cupti_{side}_each"], r[f"cupti_{side}_each_mhz"] = cupti_each_ms(mods[side], inputs, device)
         del mods, inputs
         torch.cuda.empty_cache()
     note = "--no-ncu" if a.no_ncu else None

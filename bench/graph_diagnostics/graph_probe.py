@@ -90,7 +90,7 @@ def main() -> None:
         for s, c in rows():
             path = cdir / s["target"] / "probe.py"
             path.parent.mkdir(exist_ok=True)
-            path.write_text(PROBE.format(target=s["target"]))
+            path.write_text(PROBE.replace("{target}", s["target"]))
             shipped = measure(s, c, F.REPO / "candidates" / f"{c}.py", F.settings(), root, pool, sys.stderr.fileno())
             log = root / f"{s['scenario_id']}.log"
             with open(log, "wb") as f:
