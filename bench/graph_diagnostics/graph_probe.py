@@ -11,6 +11,12 @@ it times the baseline's computation on 16 local input sets with ``do_bench_cudag
 (K = 16, replays for 8 ms, L2 flushed), and prints both to the job log; its row gives
 kb-nano's candidate graph time of the same computation. The same probe function then runs
 in this (plain) process.
+
+    PYTHONPATH=src:tests python3 bench/graph_diagnostics/graph_probe.py --judged
+
+instead times, from inside the probe's worker, the CUDA graph that worker captured for the
+judge (the same object the judged row replays), a graph the probe captures itself on the
+judge's slots, and one on local clones of them, all with kb-nano's ``time_graph``.
 """
 
 import sys
@@ -74,6 +80,59 @@ class Probe(_Base):
 '''
 
 
+# --judged: the probe times the graph the worker captured for the judge (found with gc) at
+# its first eager call after the capture, next to a graph it captures itself on the same
+# slots and on local clones of them; all with kb-nano's time_graph.
+PROBE_JUDGED = """
+import gc, sys
+import torch
+from kb_nano import operators
+
+_Base = operators.get("{target}").baseline
+
+
+def _side():
+    for o in gc.get_objects():
+        if type(o).__name__ == "Side" and getattr(o, "graph", None) is not None and getattr(o, "role", "") == "candidate":
+            return o
+    return None
+
+
+def judged_times(fwd):
+    from kb_nano.kernels import timing
+
+    side, dev = _side(), torch.device("cuda")
+    if side is None:
+        return None
+    k = len(side.outputs) or len(side.inputs)
+    flush = timing.L2Flush(dev)
+
+    def per_call(g, n):
+        one = timing.time_graph(g, dev, flush, 1)
+        r = max(1, min(200, int(8.0 / max(one, 1e-6))))
+        return round(sorted(timing.time_graph(g, dev, flush, r) / r / n for _ in range(9))[4] * 1e3, 2), r
+
+    out = {"k": k, "judged_graph": per_call(side.graph[0], k)}
+    g, _ = timing.capture_graph(lambda j: fwd(*side.inputs[j]), range(k), dev)
+    out["own_graph_judge_slots"] = per_call(g, k)
+    clones = [[a.clone() for a in side.inputs[j]] for j in range(k)]
+    g2, _ = timing.capture_graph(lambda j: fwd(*clones[j]), range(k), dev)
+    out["own_graph_clones"] = per_call(g2, k)
+    return out
+
+
+class Probe(_Base):
+    _done = False
+
+    def forward(self, *args):
+        if not Probe._done and not torch.cuda.is_current_stream_capturing() and _side() is not None:
+            Probe._done = True
+            with torch.inference_mode():
+                print("PROBE", judged_times(super().forward), file=sys.stderr, flush=True)
+        return super().forward(*args)
+"""
+
+
 def main() -> None:
     from kb_nano.candidates import load_class
     from kb_nano.kernels.measure import measure
@@ -90,12 +149,16 @@ def main() -> None:
         for s, c in rows():
             path = cdir / s["target"] / "probe.py"
             path.parent.mkdir(exist_ok=True)
-            path.write_text(PROBE.replace("{target}", s["target"]))
+            path.write_text((PROBE_JUDGED if JUDGED else PROBE).replace("{target}", s["target"]))
             shipped = measure(s, c, F.REPO / "candidates" / f"{c}.py", F.settings(), root, pool, sys.stderr.fileno())
             log = root / f"{s['scenario_id']}.log"
             with open(log, "wb") as f:
                 probe = measure(s, f"{s['target']}/probe", path, F.settings(), root, pool, f.fileno())
             said = [ln for ln in log.read_text().splitlines() if ln.startswith("PROBE")]
+            if JUDGED:
+                out.append(f"{s['scenario_id']} | {shipped.get('baseline_graph_ms', 0) * 1e3:.2f} | {said[:1]}")
+                print(out[-1], flush=True)
+                continue
             cls = load_class(path, s["target"])
             mod = F.modules(s, c, dev)["baseline"]
             inner = cls(**s["init_args"]).to(device=dev, dtype=next(mod.parameters(), torch.zeros(1)).dtype)
@@ -115,6 +178,8 @@ def main() -> None:
     )
     print("\n".join(out))
 
+
+JUDGED = "--judged" in sys.argv
 
 if __name__ == "__main__":
     main()
