@@ -80,11 +80,11 @@ class Probe(_Base):
 '''
 
 
-# --judged: the probe times the graph the worker captured for the judge (found with gc) at
+# --judged: the probe times the graph the worker captured for the judge (found up the stack) at
 # its first eager call after the capture, next to a graph it captures itself on the same
 # slots and on local clones of them; all with kb-nano's time_graph.
 PROBE_JUDGED = """
-import gc, sys
+import sys
 import torch
 from kb_nano import operators
 
@@ -92,9 +92,12 @@ _Base = operators.get("{target}").baseline
 
 
 def _side():
-    for o in gc.get_objects():
-        if type(o).__name__ == "Side" and getattr(o, "graph", None) is not None and getattr(o, "role", "") == "candidate":
+    f = sys._getframe()  # the worker's Side is ``self`` in a caller's frame (gc.freeze hides it from gc)
+    while f is not None:
+        o = f.f_locals.get("self")
+        if type(o).__name__ == "Side" and getattr(o, "graph", None) is not None:
             return o
+        f = f.f_back
     return None
 
 
@@ -118,6 +121,9 @@ def judged_times(fwd):
     clones = [[a.clone() for a in side.inputs[j]] for j in range(k)]
     g2, _ = timing.capture_graph(lambda j: fwd(*clones[j]), range(k), dev)
     out["own_graph_clones"] = per_call(g2, k)
+    g3, _ = timing.capture_graph(side.call, range(k), dev)
+    out["own_graph_worker_call"] = per_call(g3, k)
+    out["judged_graph_again"] = per_call(side.graph[0], k)
     return out
 
 
@@ -127,8 +133,12 @@ class Probe(_Base):
     def forward(self, *args):
         if not Probe._done and not torch.cuda.is_current_stream_capturing() and _side() is not None:
             Probe._done = True
-            with torch.inference_mode():
-                print("PROBE", judged_times(super().forward), file=sys.stderr, flush=True)
+            try:
+                with torch.inference_mode():
+                    said = judged_times(super().forward)
+            except Exception as exc:
+                said = repr(exc)
+            print("PROBE", said, file=sys.stderr, flush=True)
         return super().forward(*args)
 """
 
