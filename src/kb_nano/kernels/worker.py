@@ -202,7 +202,7 @@ class Side:
 
     # ------------------------------------------------------------------ calls
     def call(self, k: int):
-        return self.module(*self.inputs[k])
+        return checks.dense_outputs(self.module(*self.inputs[k]))
 
     def _slot_outputs(self, k: int, out) -> tuple[list, list | None, tuple | None]:
         """Call ``k``'s flattened outputs, the judge's output slot ``k`` (None before the
