@@ -207,7 +207,14 @@ def test_duplicate_model(tmp_path):
     with pytest.raises(KbNanoError) as exc:
         generate(["llama31-8b", "meta-llama/Llama-3.1-8B-Instruct"], [1], [1], "auto", REPO)
     msg = str(exc.value)
-    assert "llama31-8b" in msg and "more than once" in msg and "\n" not in msg
+    assert "llama31-8b" in msg and "more than one model has the key" in msg and "\n" not in msg
+    # two local folders of the same name: one key, named with both paths and the fix
+    a, b = tmp_path / "a" / "mymodel", tmp_path / "b" / "mymodel"
+    for d in (a, b):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text((REPO / "config/models/meta-llama/Llama-3.2-1B-Instruct/config.json").read_text())
+    with pytest.raises(KbNanoError, match="key mymodel .*rename one folder"):
+        generate([str(a), str(b)], [1], [1], "auto", REPO)
 
 
 def test_duplicate_tp_or_num_tokens():

@@ -75,7 +75,11 @@ def generate(
     keys = [r.key for r in refs]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
-        raise KbNanoError(f"config models: {', '.join(dupes)} listed more than once (after resolving)")
+        same = "; ".join(f"{k}: {', '.join(str(r.config_path) for r in refs if r.key == k)}" for k in dupes)
+        raise KbNanoError(
+            f"config models: more than one model has the key {', '.join(dupes)} ({same}); a local config's key "
+            "is its folder name: rename one folder"
+        )
     options = {"context_lens": None if context_lens is None else [int(c) for c in context_lens]}
     for what, values in (("tp", tps), ("num_tokens", num_tokens), ("context_lens", context_lens or [])):
         repeated = sorted({v for v in values if list(values).count(v) > 1})
