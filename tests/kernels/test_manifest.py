@@ -212,7 +212,9 @@ def test_duplicate_model(tmp_path):
     a, b = tmp_path / "a" / "mymodel", tmp_path / "b" / "mymodel"
     for d in (a, b):
         d.mkdir(parents=True)
-        (d / "config.json").write_text((REPO / "config/models/meta-llama/Llama-3.2-1B-Instruct/config.json").read_text())
+        (d / "config.json").write_text(
+            (REPO / "config/models/meta-llama/Llama-3.2-1B-Instruct/config.json").read_text()
+        )
     with pytest.raises(KbNanoError, match="key mymodel .*rename one folder"):
         generate([str(a), str(b)], [1], [1], "auto", REPO)
 
