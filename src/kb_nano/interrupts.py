@@ -108,6 +108,19 @@ def watch(quiet: bool = False) -> bool:
     return True
 
 
+def quiet_on_sigint() -> None:
+    """In a workflow script (a ``script:`` rule's own Python process): a SIGINT ends the
+    script with exit status 130 through ``SystemExit``, which Python does not print, instead
+    of a ``KeyboardInterrupt`` traceback that Snakemake's script wrapper would echo with its
+    whole pickled preamble. ``finally`` blocks and context managers still run; Snakemake
+    removes the job's incomplete outputs as for any interrupted job."""
+
+    def stop(signum, frame) -> None:
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, stop)
+
+
 def interrupted(wait_s: float = 0.0) -> bool:
     """Whether this process got a SIGINT since :func:`watch`, waiting up to ``wait_s``
     seconds for it (a judge dies of a Ctrl-C at the same moment as Snakemake's main

@@ -1,5 +1,9 @@
 """Snakemake adapter: capture the golden tensors of one model (see kb_nano.models.golden)."""
 
+from kb_nano.interrupts import quiet_on_sigint
+
+quiet_on_sigint()  # first: a Ctrl-C while the rest imports ends quietly too
+
 import hashlib
 import json
 import sys

@@ -1,5 +1,9 @@
 """Snakemake adapter: one model x TP x workload x variant -> the baseline and the variant alternately, a row per vLLM run (see kb_nano.e2e.job)."""
 
+from kb_nano.interrupts import quiet_on_sigint
+
+quiet_on_sigint()  # first: a Ctrl-C while the rest imports ends quietly too
+
 from kb_nano.candidates import file_sha256
 from kb_nano.e2e.job import run
 

@@ -2,6 +2,10 @@
 
 The only MLflow writer of the workflow; idempotent (a run per digest of its inputs)."""
 
+from kb_nano.interrupts import quiet_on_sigint
+
+quiet_on_sigint()  # first: a Ctrl-C while the rest imports ends quietly too
+
 import json
 import sys
 from pathlib import Path

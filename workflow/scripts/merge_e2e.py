@@ -1,5 +1,9 @@
 """Snakemake adapter: merge e2e/eval shards into results/{tier}.parquet and the JSON (kb_nano.e2e.merge.merge_e2e)."""
 
+from kb_nano.interrupts import quiet_on_sigint
+
+quiet_on_sigint()  # first: a Ctrl-C while the rest imports ends quietly too
+
 from pathlib import Path
 
 from kb_nano.e2e.merge import merge_e2e

@@ -1,5 +1,9 @@
 """Snakemake adapter: merge kernel shards into results/kernels.parquet and the JSON."""
 
+from kb_nano.interrupts import quiet_on_sigint
+
+quiet_on_sigint()  # first: a Ctrl-C while the rest imports ends quietly too
+
 from pathlib import Path
 
 from kb_nano.kernels.manifest import load

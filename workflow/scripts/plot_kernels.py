@@ -1,6 +1,10 @@
 """Snakemake adapter: plots of the merged kernel results (see kb_nano.tracking.plots and
 kb_nano.tracking.perf_plots)."""
 
+from kb_nano.interrupts import quiet_on_sigint
+
+quiet_on_sigint()  # first: a Ctrl-C while the rest imports ends quietly too
+
 from pathlib import Path
 
 from kb_nano.tracking import read_parquet_rows

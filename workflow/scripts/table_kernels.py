@@ -1,5 +1,9 @@
 """Snakemake adapter: the merged kernel rows as an HTML table (see kb_nano.tracking.report_table)."""
 
+from kb_nano.interrupts import quiet_on_sigint
+
+quiet_on_sigint()  # first: a Ctrl-C while the rest imports ends quietly too
+
 from pathlib import Path
 
 from kb_nano.tracking import read_parquet_rows
