@@ -7,7 +7,11 @@ weighted outputs land in a ``[N, top_k, hidden]`` buffer and are summed in fp32 
 DeepSeek-V3 (``deepseek_v3`` semantics): the routing weights are scaled by
 ``routed_scaling_factor`` inside the fp32 sum (as vLLM's ROCm AITER path and transformers do,
 not on the rounded output), the group mask is built by sorting group scores once, and the
-shared experts' output is added to the fp32 sum before the one rounding."""
+shared experts' output is added to the fp32 sum before the one rounding.
+
+gpt-oss (``gpt_oss`` semantics): each expert's biases are added in its GEMMs and the clamped
+SwiGLU runs on the interleaved gate/up columns; routing is the same renormalised softmax
+top-k (equal to a softmax over the top-k logits)."""
 
 import torch
 import torch.nn.functional as F
@@ -17,12 +21,13 @@ from torch import nn
 class SortedExpertsMoE(nn.Module):
     """Same constructor, forward and state_dict (``w13_weight``, ``w2_weight``; DeepSeek-V3:
     ``e_score_correction_bias``, ``shared_experts.gate_up_proj.weight``,
-    ``shared_experts.down_proj.weight``) as kb_nano's FusedMoE baseline.
+    ``shared_experts.down_proj.weight``; gpt-oss: ``w13_bias``, ``w2_bias``) as kb_nano's
+    FusedMoE baseline.
 
     Forward: hidden_states ``[N, hidden]``, router_logits ``[N, E]`` -> ``[N, hidden]``.
     """
 
-    supported_semantics = ("deepseek_v3",)
+    supported_semantics = ("deepseek_v3", "gpt_oss")
 
     def __init__(
         self,
@@ -40,9 +45,12 @@ class SortedExpertsMoE(nn.Module):
         routed_scaling_factor=1.0,
         e_score_correction_bias=False,
         shared_experts_intermediate_size=0,
+        has_bias=False,
         tp_size=1,
         prefix="",
         activation="silu",
+        swiglu_alpha=1.702,
+        swiglu_limit=7.0,
     ):
         super().__init__()
         dtype = getattr(torch, params_dtype) if isinstance(params_dtype, str) else (params_dtype or torch.float32)
@@ -50,6 +58,11 @@ class SortedExpertsMoE(nn.Module):
         self.num_experts, self.top_k, self.renormalize, self.shard = num_experts, top_k, renormalize, shard
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * shard, hidden_size, dtype=dtype))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, shard, dtype=dtype))
+        self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * shard, dtype=dtype)) if has_bias else None
+        self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype)) if has_bias else None
+        if activation not in ("silu", "swigluoai"):
+            raise ValueError(f"activation {activation!r} not implemented")
+        self.swiglu = (swiglu_alpha, swiglu_limit) if activation == "swigluoai" else None
         if use_grouped_topk and scoring_func != "sigmoid":
             raise ValueError(f"grouped top-k with scoring_func {scoring_func!r} not implemented")
         self.groups = (num_expert_group, topk_group) if use_grouped_topk else None
@@ -84,6 +97,17 @@ class SortedExpertsMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * self.scale, ids
 
+    def activation(self, gate_up):
+        """SiLU-and-mul on the gate and up halves, or gpt-oss's clamped SwiGLU on
+        interleaved columns."""
+        if self.swiglu is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        alpha, limit = self.swiglu
+        gate = gate_up[..., ::2].clamp(max=limit)
+        up = gate_up[..., 1::2].clamp(-limit, limit)
+        return (up + 1) * gate * torch.sigmoid(alpha * gate)
+
     def forward(self, hidden_states, router_logits):
         n, h = hidden_states.shape
         weights, ids = self.route(router_logits)
@@ -98,8 +122,9 @@ class SortedExpertsMoE(nn.Module):
                 continue
             rows = order[start : start + count]
             x = hidden_states[tokens[start : start + count]]
-            gate, up = F.linear(x, self.w13_weight[e]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.w2_weight[e])
+            y = F.linear(x, self.w13_weight[e], None if self.w13_bias is None else self.w13_bias[e])
+            y = self.activation(y)
+            y = F.linear(y, self.w2_weight[e], None if self.w2_bias is None else self.w2_bias[e])
             out[rows] = y * weights.view(-1)[rows, None]
             start += count
         total = out.view(n, self.top_k, h).sum(dim=1)

@@ -258,12 +258,23 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
         "class": "DeepseekV3MoE",
         "semantics": "deepseek_v3",
         "reason": None,
+        "experts": {"act": "silu", "bias": False},
     }
-    # gpt-oss: attention with sinks per layer kind; experts of its own (clamped SwiGLU): no
-    # stand-in silu_and_mul
+    # gpt-oss: attention with sinks per layer kind; its MoE block measured with its own
+    # semantics (biased experts, clamped SwiGLU read from the experts module); no stand-in
+    # silu_and_mul
     assert rows["attention__gpt-oss-20b__tp1__n4__sliding128"]["semantics"] == "sliding_window+sinks"
     assert shapes("attention__gpt-oss-20b__tp1__n4__full") == [[4, 64 * 64], [4, 8 * 64], [4, 8 * 64]]
-    assert reason("silu_and_mul__gpt-oss-20b__tp1__n4").startswith("not covered: GptOssMLP")
+    assert reason("silu_and_mul__gpt-oss-20b__tp1__n4").startswith("not covered: GptOssMLP's experts compute swigluoai")
+    oss = rows["fused_moe__gpt-oss-20b__tp1__n4__gpt_oss"]
+    assert oss["semantics"] == "gpt_oss" and shapes(oss["scenario_id"]) == [[4, 2880], [4, 32]]
+    assert {k: oss["init_args"][k] for k in ("activation", "has_bias", "swiglu_alpha", "swiglu_limit")} == {
+        "activation": "swigluoai",
+        "has_bias": True,
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+    }
+    assert m["models"]["gpt-oss-20b"]["mlp_blocks"]["moe"]["experts"]["act"] == "swigluoai"
     # Llama-4: its rotation is its own; its MoE block is not covered
     assert "rotates q and k its own way" in reason("rotary_embedding__llama4-scout__tp1__n4")
     # rotary: gpt-oss's yarn and Phi-3.5-MoE's longrope are measured with their scaling;

@@ -17,9 +17,9 @@ DeepSeek-V3's multi-head latent attention is a kind with its dimensions.
 Per-head q/k norms (``qk_norm``: Qwen3, Gemma-3) are read the same
 way as the hidden-size norm; each layer's feed-forward block gives the dense MLPs (width,
 activation) and the MoE block, covered only for the classes the ``fused_moe`` baseline is
-tested equal to (DeepSeek-V3's with semantics of its own: grouped sigmoid routing, shared
-experts). The attention's rotation of q and k (``rotary_embedding``) is probed on
-its modeling file's ``apply_rotary_pos_emb``: by halves (measured) or some other way.
+tested equal to (:mod:`kb_nano.models.ffn_tree`). The attention's rotation of q and k
+(``rotary_embedding``) is probed on its modeling file's ``apply_rotary_pos_emb``: by
+halves (measured) or some other way.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from __future__ import annotations
 import copy
 
 import torch
+
+from kb_nano.models.ffn_tree import mlp_blocks
 
 # weight offsets of the hidden-size RMSNorm forms kb-nano measures: output = x / rms(x) * (offset + w)
 NORM_FORMS = {0.0: "x / rms(x) * weight (LlamaRMSNorm)", 1.0: "x / rms(x) * (1 + weight) (GemmaRMSNorm)"}
@@ -49,7 +51,7 @@ def read(config_fields: dict) -> dict:
             "hidden_norm": {"class": None, "weight_offset": None, "reason": reason},
             "attention_layers": {"kinds": [], "reason": reason},
             "qk_norm": None,
-            "mlp_blocks": {"dense": [], "moe": {"class": None, "semantics": "", "reason": reason}},
+            "mlp_blocks": {"dense": [], "moe": {"class": None, "semantics": "", "reason": reason, "experts": None}},
             "rotary": None,
         }
     return {
@@ -311,90 +313,3 @@ def sinks_reason(meta_module: torch.nn.Module) -> str | None:
         if not torch.allclose(ours(q, k, v), ref.reshape(n, heads * head_dim), rtol=1e-4, atol=1e-5):
             return f"not covered: {cls} has sinks that compute other than the extra softmax column of gpt-oss"
     return None
-
-
-# The MoE blocks whose routing and experts the ``fused_moe`` baseline computes (it is
-# tested equal to them), each with the semantics of its scenarios: softmax top-k routing with
-# optional renormalisation (the standard form, ""), or DeepSeek-V3's grouped sigmoid top-k
-# with a correction bias, scaling and shared experts ("deepseek_v3"); SiLU-gated experts
-COVERED_MOE = {"MixtralSparseMoeBlock": "", "Qwen3MoeSparseMoeBlock": "", "DeepseekV3MoE": "deepseek_v3"}
-
-
-def activation_name(module: torch.nn.Module) -> str | None:
-    """``silu`` or ``gelu_tanh`` for a transformers activation module (``SiLUActivation``,
-    ``nn.SiLU``; ``GELUTanh``, ``PytorchGELUTanh``), else None."""
-    name = type(module).__name__
-    if "SiLU" in name:
-        return "silu"
-    if "GELUTanh" in name:
-        return "gelu_tanh"
-    return None
-
-
-# a decoder layer's feed-forward child, by the names transformers' decoder layers give it
-FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe")
-
-
-def mlp_blocks(lm: torch.nn.Module) -> dict:
-    """The feed-forward blocks of the causal LM ``lm`` (meta device), from each decoder
-    layer's ``mlp`` (or ``feed_forward``, :data:`FFN_NAMES`): ``{"dense": [{"where",
-    "class", "intermediate_size", "act", "act_class", "layers"}, ...], "moe": {"class",
-    "semantics", "reason"} | None}``. A dense entry per
-    distinct gated MLP (``where``: ``mlp`` for a layer's own MLP, ``shared_experts`` for an
-    MoE block's always-on experts; ``intermediate_size`` from its ``up_proj`` or fused
-    ``gate_up_proj``; ``act`` from :func:`activation_name`); ``moe`` is the first MoE
-    block (an ``mlp`` with ``experts``), its ``semantics`` those :data:`COVERED_MOE` gives
-    its class (``deepseek_v3``, else ``""``), its ``reason`` ``not covered: ...`` unless its
-    class is one of :data:`COVERED_MOE`; None for a dense model. A model with neither
-    gets an MoE entry without class whose reason says none was found."""
-    dense: dict[tuple, dict] = {}
-    moe = None
-
-    def add(module: torch.nn.Module, where: str) -> None:
-        children = dict(module.named_children())
-        if "up_proj" in children:
-            width = int(children["up_proj"].out_features)
-        elif "gate_up_proj" in children:
-            width = int(children["gate_up_proj"].out_features) // 2
-        else:
-            width = None
-        act = children.get("act_fn")
-        key = (where, type(module).__name__, width, type(act).__name__ if act is not None else None)
-        entry = dense.setdefault(
-            key,
-            {
-                "where": where,
-                "class": key[1],
-                "intermediate_size": width,
-                "act": activation_name(act) if act is not None else None,
-                "act_class": key[3],
-                "layers": 0,
-            },
-        )
-        entry["layers"] += 1
-
-    for name, module in lm.named_modules():
-        if name.rsplit(".", 1)[-1] not in FFN_NAMES or ".layers." not in name:
-            continue
-        children = dict(module.named_children())
-        if "experts" not in children:
-            add(module, "mlp")
-            continue
-        for sub in ("shared_experts", "shared_expert"):
-            if sub in children:
-                add(children[sub], "shared_experts")
-        if moe is None:
-            cls = type(module).__name__
-            extra = sorted(set(children) - {"experts", "gate"})
-            reason = None
-            if cls not in COVERED_MOE:
-                has = f"; it has {', '.join(extra)}" if extra else ""
-                reason = (
-                    f"not covered: {cls} (its routing and experts are not those of "
-                    f"{' / '.join(COVERED_MOE)} that the baseline computes{has})"
-                )
-            moe = {"class": cls, "semantics": COVERED_MOE.get(cls, ""), "reason": reason}
-    if not dense and moe is None:
-        where = " / ".join(f"layers.*.{n}" for n in FFN_NAMES)
-        moe = {"class": None, "semantics": "", "reason": f"not covered: no feed-forward block found ({where})"}
-    return {"dense": list(dense.values()), "moe": moe}

@@ -40,13 +40,19 @@ def _rows_width(facts: dict, num_tokens: int = 1) -> tuple[int, int]:
     ``fused_experts`` (``num_tokens * top_k`` rows of one expert's width,
     ``moe_intermediate_size``); else the config's ``intermediate_size``. Raises
     ``NotApplicable`` (``not covered``) for a model whose only feed-forward blocks are MoE
-    blocks the harness does not cover (their experts' activation is theirs: gpt-oss's
-    clamped SwiGLU)."""
+    blocks the harness does not cover, or whose experts' activation is another (gpt-oss's
+    clamped SwiGLU, ``swigluoai``: :func:`kb_nano.models.ffn_tree.experts_facts`)."""
     from kb_nano.operators.moe import moe_intermediate_size
 
     dense = dense_mlp(facts)
     if dense is None and moe_not_covered(facts):
         raise NotApplicable(moe_not_covered(facts))
+    moe = (facts.get("mlp_blocks") or {}).get("moe") or {}
+    act = (moe.get("experts") or {}).get("act", "silu")
+    if dense is None and moe and act != "silu":
+        raise NotApplicable(
+            f"not covered: {moe['class']}'s experts compute {act}, not SiLU-and-mul (measured inside fused_moe)"
+        )
     if dense is not None and dense["intermediate_size"]:
         return num_tokens, int(dense["intermediate_size"])
     if dense is None and (facts.get("mlp_blocks") or {}).get("moe"):

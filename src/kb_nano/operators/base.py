@@ -98,6 +98,8 @@ SEMANTICS = {
     "sinks": "attention softmax has a per-head sink logit as an extra key, dropped after it (gpt-oss; vLLM sinks)",
     "deepseek_v3": "MoE routes by sigmoid scores over expert groups, picks on scores + e_score_correction_bias, "
     "scales the routed output by routed_scaling_factor and adds shared experts (vLLM grouped_topk, DeepseekV2MoE)",
+    "gpt_oss": "MoE experts have biases and gpt-oss's clamped SwiGLU on interleaved gate/up columns (alpha 1.702, "
+    "limit 7; vLLM swigluoai), routed by a softmax over the top-k logits (gpt-oss MLPBlock)",
     "mla": "attention is multi-head latent attention: prefill on decompressed q/k/v, decode absorbed over the "
     "576-wide latent cache (DeepSeek-V3; vLLM MLA)",
 }

@@ -1,4 +1,4 @@
-"""L2 ``fused_moe`` baseline (vLLM ``FusedMoE``), per TP rank: Mixtral, Qwen3-MoE, DeepSeek-V3.
+"""L2 ``fused_moe`` baseline (vLLM ``FusedMoE``), per TP rank: Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss.
 
 ``forward(hidden_states, router_logits)``: softmax of the router logits in fp32, top-k
 experts per token, renormalised to sum 1 when ``renormalize`` (vLLM ``fused_topk``;
@@ -33,6 +33,29 @@ its ``shared_experts`` and ``routed_scaling_factor``):
   :class:`kb_nano.operators.moe_parts.SharedExperts`) of width ``moe_intermediate_size *
   n_shared_experts``, its partial sum added to the routed experts' (vLLM ``SharedFusedMoE``
   adds them before the one all-reduce).
+
+gpt-oss (``GptOssMLP``; semantics ``gpt_oss``), as vLLM's ``GptOssModel`` ``MLPBlock`` runs
+it (``FusedMoE`` with ``has_bias=True``, ``activation="swigluoai"``, ``renormalize=True``):
+
+- routing: the router (a linear layer with a bias, outside like every router GEMM) gives the
+  logits; ``fused_topk`` with renormalisation, which equals transformers' softmax over the
+  top-k logits (``GptOssTopKRouter``; vLLM keeps the weights in fp32, transformers rounds
+  them to the model dtype).
+- experts: ``w13_weight`` ``[E, 2 * I/tp, hidden]`` with gate and up rows interleaved (row
+  ``2j`` gate, ``2j + 1`` up: transformers' ``gate_up_proj`` ``[E, hidden, 2I]`` transposed,
+  as vLLM loads it) plus ``w13_bias`` ``[E, 2 * I/tp]``; the clamped SwiGLU
+  (:func:`kb_nano.operators.moe_parts.swiglu_oai`, alpha and limit from the module:
+  1.702 and ``swiglu_limit`` 7.0); ``w2_weight`` ``[E, hidden, I/tp]`` plus ``w2_bias``
+  ``[E, hidden]``, the routing weight applied after the bias.
+- TP: the intermediate dim is sharded as for the others (vLLM slices the interleaved columns
+  ``2 * start : 2 * end``); vLLM loads ``w2_bias`` on rank 0 only (zeros elsewhere), so the
+  baseline is rank 0's partial sum, bias included.
+- the clamp binds only on large pre-activations; with the default weights and N(0, 1)
+  hidden states they are N(0, 1/3) and it never would, so the hidden states of these
+  scenarios are drawn N(0, :data:`SWIGLU_INPUT_STD`^2): pre-activations of std ~3.5, the
+  limit (7) binding on ~2 % of the gate and ~4 % of the up values (every token has some),
+  and ``w2_weight`` drawn :data:`SWIGLU_W2_SCALE` times narrower so the output stays of
+  order 1 (a kernel without the clamp fails: ``tests/operators/test_moe_gpt_oss.py``).
 
 The bias is stored in the model dtype (every parameter of a baseline is cast to the
 scenario dtype; vLLM keeps it in fp32) and drawn from N(0, :data:`SCORE_BIAS_STD`^2) with
@@ -75,14 +98,20 @@ from kb_nano.operators.base import (
     normal,
     shard,
 )
-from kb_nano.operators.moe_parts import SCORING_FUNCS, SharedExperts, fused_topk, grouped_topk
+from kb_nano.operators.moe_args import SEMANTICS_ARGS, moe_semantics
+from kb_nano.operators.moe_parts import SCORING_FUNCS, SharedExperts, fused_topk, grouped_topk, swiglu_oai
+
+# std of the e_score_correction_bias the baseline draws (DeepSeek-V3; see the module docstring)
+SCORE_BIAS_STD = 0.05
+# gpt-oss (swigluoai): std of the hidden states, and how many times narrower than the
+# default w2_weight is drawn (see the module docstring)
+SWIGLU_INPUT_STD = 6.0
+SWIGLU_W2_SCALE = 2.5
+ACTIVATIONS = ("silu", "swigluoai")
 
 # Architectures whose decoder MLPs are mixtures of experts (used when the expert fields of
 # config.json are not at hand, e.g. `kernels --map`).
-# std of the e_score_correction_bias the baseline draws (DeepSeek-V3; see the module docstring)
-SCORE_BIAS_STD = 0.05
-
-MOE_MODEL_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "phimoe", "olmoe")
+MOE_MODEL_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "phimoe", "olmoe", "gpt_oss")
 
 
 def num_experts(facts: dict) -> int:
@@ -118,14 +147,20 @@ class FusedMoE(nn.Module):
             choice only (vLLM takes the gate's tensor; here a parameter of the block).
         shared_experts_intermediate_size: full width of the shared experts added to every
             token (0: none; vLLM ``SharedFusedMoE`` takes the ``shared_experts`` module).
+        has_bias: the experts have biases ``w13_bias`` and ``w2_bias`` (vLLM's flag; gpt-oss).
         tp_size: TP degree (kb-nano addition).
-        prefix: layer name (unused). activation: ``silu`` only (every vendored MoE model).
+        prefix: layer name (unused).
+        activation: ``silu`` (SiLU of the gate half times the up half) or ``swigluoai``
+            (gpt-oss: :func:`kb_nano.operators.moe_parts.swiglu_oai`, gate/up rows interleaved).
+        swiglu_alpha, swiglu_limit: the ``swigluoai`` constants (kb-nano additions; vLLM's
+            are fixed at 1.702 and 7.0, gpt-oss's).
     Forward: hidden_states ``[N, hidden_size]``; router_logits ``[N, E]`` (the ``gate``
     output). Returns ``[N, hidden_size]`` in the hidden_states dtype.
     State dict: ``w13_weight`` ``[E, 2 * I/tp, hidden]`` (gate rows then up rows),
     ``w2_weight`` ``[E, hidden, I/tp]`` (vLLM's names and layouts); with a bias
     ``e_score_correction_bias`` ``[E]``; with shared experts ``shared_experts.gate_up_proj.weight``
-    ``[2 * Is/tp, hidden]`` and ``shared_experts.down_proj.weight`` ``[hidden, Is/tp]``.
+    ``[2 * Is/tp, hidden]`` and ``shared_experts.down_proj.weight`` ``[hidden, Is/tp]``; with
+    ``has_bias`` ``w13_bias`` ``[E, 2 * I/tp]`` and ``w2_bias`` ``[E, hidden]``.
     Raises ``ValueError`` for another activation or scoring function, a TP that does not
     divide a width, or grouped top-k without groups that divide ``E``.
     """
@@ -146,13 +181,16 @@ class FusedMoE(nn.Module):
         routed_scaling_factor: float = 1.0,
         e_score_correction_bias: bool = False,
         shared_experts_intermediate_size: int = 0,
+        has_bias: bool = False,
         tp_size: int = 1,
         prefix: str = "",
         activation: str = "silu",
+        swiglu_alpha: float = 1.702,
+        swiglu_limit: float = 7.0,
     ) -> None:
         super().__init__()
-        if activation != "silu":
-            raise ValueError(f"activation {activation!r} not supported; supported: silu")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} not supported; supported: {', '.join(ACTIVATIONS)}")
         if intermediate_size % tp_size:
             raise ValueError(f"tp_size={tp_size} does not divide intermediate_size={intermediate_size}")
         if scoring_func not in SCORING_FUNCS or (scoring_func != "softmax" and not use_grouped_topk):
@@ -169,11 +207,19 @@ class FusedMoE(nn.Module):
         self.tp_size = tp_size
         self.grouping = (num_expert_group, topk_group, scoring_func) if use_grouped_topk else None
         self.routed_scaling_factor = float(routed_scaling_factor)
+        self.swiglu = (float(swiglu_alpha), float(swiglu_limit)) if activation == "swigluoai" else None
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * shard_size, hidden_size, dtype=dtype))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, shard_size, dtype=dtype))
         # nn.Linear's default init per expert (uniform +-1/sqrt(fan_in)): outputs of order 1.
+        w2_bound = shard_size**-0.5 / (SWIGLU_W2_SCALE if self.swiglu else 1.0)
         nn.init.uniform_(self.w13_weight, -(hidden_size**-0.5), hidden_size**-0.5)
-        nn.init.uniform_(self.w2_weight, -(shard_size**-0.5), shard_size**-0.5)
+        nn.init.uniform_(self.w2_weight, -w2_bound, w2_bound)
+        self.w13_bias = self.w2_bias = None
+        if has_bias:
+            self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * shard_size, dtype=dtype))
+            self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype))
+            nn.init.uniform_(self.w13_bias, -(hidden_size**-0.5), hidden_size**-0.5)
+            nn.init.uniform_(self.w2_bias, -w2_bound, w2_bound)
         self.e_score_correction_bias = None
         if e_score_correction_bias:
             self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts, dtype=dtype))
@@ -199,8 +245,13 @@ class FusedMoE(nn.Module):
         hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
         for e in hit[:, 0].tolist():
             top_k_pos, token_idx = torch.where(expert_mask[e])
-            gate, up = F.linear(hidden_states[token_idx], self.w13_weight[e]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.w2_weight[e])
+            h = F.linear(hidden_states[token_idx], self.w13_weight[e], _row(self.w13_bias, e))
+            if self.swiglu is None:
+                gate, up = h.chunk(2, dim=-1)
+                h = F.silu(gate) * up
+            else:
+                h = swiglu_oai(h, *self.swiglu)
+            h = F.linear(h, self.w2_weight[e], _row(self.w2_bias, e))
             h = h * topk_weights[token_idx, top_k_pos, None]
             out.index_add_(0, token_idx, h.to(out.dtype))
         if self.routed_scaling_factor != 1.0:
@@ -210,39 +261,15 @@ class FusedMoE(nn.Module):
         return out
 
 
+def _row(bias: torch.Tensor | None, e: int) -> torch.Tensor | None:
+    """Expert ``e``'s bias row, or None without biases."""
+    return None if bias is None else bias[e]
+
+
 def moe_intermediate_size(facts: dict) -> int:
     """One expert's intermediate size: ``moe_intermediate_size`` (Qwen-MoE) or
     ``intermediate_size`` (Mixtral)."""
     return int(config_field(facts, "moe_intermediate_size", default=facts["intermediate_size"]))
-
-
-def moe_semantics(facts: dict) -> str:
-    """The semantics of the model's MoE block from its module tree (``deepseek_v3`` for
-    ``DeepseekV3MoE``: :data:`kb_nano.models.module_tree.COVERED_MOE`), ``""`` otherwise."""
-    return (((facts.get("mlp_blocks") or {}).get("moe")) or {}).get("semantics") or ""
-
-
-def _deepseek_v3_args(facts: dict, tp: int) -> dict:
-    """The grouped sigmoid routing, bias, scaling and shared experts of a DeepSeek-V3 block."""
-    scoring, method = config_field(facts, "scoring_func"), config_field(facts, "topk_method")
-    if scoring != "sigmoid" or method != "noaux_tc":
-        raise NotApplicable(
-            f"not covered: DeepseekV3MoE with scoring_func={scoring!r}, topk_method={method!r} (transformers "
-            "always scores with sigmoid and a correction bias; vLLM follows the config: they differ)"
-        )
-    shared = next((d for d in facts["mlp_blocks"]["dense"] if d["where"] == "shared_experts"), None)
-    if shared is None or shared["act"] != "silu" or not shared["intermediate_size"]:
-        raise NotApplicable("not covered: DeepseekV3MoE without SiLU-gated shared experts")
-    shard(shared["intermediate_size"], tp, "shared experts' intermediate_size")
-    return {
-        "use_grouped_topk": True,
-        "num_expert_group": int(config_field(facts, "n_group")),
-        "topk_group": int(config_field(facts, "topk_group")),
-        "scoring_func": "sigmoid",
-        "routed_scaling_factor": float(config_field(facts, "routed_scaling_factor", default=1.0)),
-        "e_score_correction_bias": True,
-        "shared_experts_intermediate_size": shared["intermediate_size"],
-    }
 
 
 def _init_args(facts: dict, tp: int) -> dict:
@@ -252,13 +279,14 @@ def _init_args(facts: dict, tp: int) -> dict:
     top_k = config_field(facts, "num_experts_per_tok")
     if not e or not top_k:
         raise NotApplicable("expert fields of config.json not available (num_experts, num_experts_per_tok)")
-    if facts["hidden_act"] != "silu":
+    semantics = moe_semantics(facts)
+    if facts["hidden_act"] != "silu" and semantics != "gpt_oss":
         raise NotApplicable(
             f"not covered: hidden_act {facts['hidden_act']!r} is not implemented by the baseline (silu)"
         )
     inter = moe_intermediate_size(facts)
     shard(inter, tp, "moe intermediate_size")
-    extra = _deepseek_v3_args(facts, tp) if moe_semantics(facts) == "deepseek_v3" else {}
+    extra = SEMANTICS_ARGS[semantics](facts, tp) if semantics in SEMANTICS_ARGS else {}
     return {
         "num_experts": e,
         "top_k": int(top_k),
@@ -272,8 +300,9 @@ def _init_args(facts: dict, tp: int) -> dict:
 
 
 def _inputs(args, facts, tp, num_tokens, dtype):
+    std = SWIGLU_INPUT_STD if args.get("activation") == "swigluoai" else 1.0
     return [
-        normal("hidden_states", [num_tokens, args["hidden_size"]], dtype),
+        normal("hidden_states", [num_tokens, args["hidden_size"]], dtype, std=std),
         normal("router_logits", [num_tokens, args["num_experts"]], dtype),
     ]
 
@@ -286,6 +315,7 @@ def _traffic(args, inputs, dtype):
     shared = args.get("shared_experts_intermediate_size", 0) // tp
     experts_hit = max(1, round(e * (1 - (1 - k / e) ** n)))
     weights = (experts_hit * i + shared) * 3 * h + (e if args.get("e_score_correction_bias") else 0)
+    weights += experts_hit * (2 * i + h) if args.get("has_bias") else 0
     flops = (n * k * i + n * shared) * (2 * h * 2 + 2 * h + 5)
     return weights * ws + (2 * n * h + n * e) * es, flops
 

@@ -12,6 +12,9 @@ shared experts some models add to every token.
   (DeepSeek-V3's ``topk_method: noaux_tc``) the bias is added to the scores for the choice
   of groups (each group's score: the sum of its two best biased scores) and of experts
   only; the weights come from the unbiased scores.
+- :func:`swiglu_oai`: gpt-oss's experts' activation, the clamped SwiGLU on interleaved
+  gate/up columns (vLLM ``SwigluOAIAndMul``, the ``swigluoai`` activation of its fused MoE;
+  transformers ``GptOssExperts._apply_gate``).
 - :class:`SharedExperts`: the always-on experts of one TP rank (vLLM ``DeepseekV2MLP`` with
   ``reduce_results=False``: ``MergedColumnParallelLinear`` gate/up, ``SiluAndMul``,
   ``RowParallelLinear`` down), whose partial sum vLLM's ``SharedFusedMoE`` adds to the
@@ -77,6 +80,17 @@ def grouped_topk(
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
     return topk_weights * routed_scaling_factor, topk_ids
+
+
+def swiglu_oai(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU on ``gate_up`` ``[..., 2 * I]`` whose gate and up columns
+    alternate (gate ``[..., 0::2]``, up ``[..., 1::2]``): gate clamped to at most ``limit``,
+    up to ``[-limit, limit]``, ``(up + 1) * gate * sigmoid(alpha * gate)`` -> ``[..., I]`` in
+    the input dtype (vLLM ``SwigluOAIAndMul.forward_native``: alpha 1.702, limit 7.0)."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
 class SharedExperts(nn.Module):

@@ -1,0 +1,149 @@
+"""The feed-forward blocks of a model's own transformers modules (part of
+:func:`kb_nano.models.module_tree.read`): each decoder layer's dense gated MLPs (width,
+activation) and its MoE block, which is covered only when its class is one the
+``fused_moe`` baseline is tested equal to (:data:`COVERED_MOE`), each with the semantics of
+its scenarios. The experts of an MoE block are read too (:func:`experts_facts`): their
+activation (SiLU-and-mul from the ``act_fn`` module, or gpt-oss's clamped SwiGLU, probed on
+the CPU against :func:`kb_nano.operators.moe_parts.swiglu_oai`) and whether they have biases.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# The MoE blocks whose routing and experts the ``fused_moe`` baseline computes (it is
+# tested equal to them), each with the semantics of its scenarios: softmax top-k routing with
+# optional renormalisation and SiLU-gated experts (the standard form, ""); DeepSeek-V3's
+# grouped sigmoid top-k with a correction bias, scaling and shared experts ("deepseek_v3");
+# gpt-oss's softmax over the top-k logits and biased experts with the clamped SwiGLU ("gpt_oss")
+COVERED_MOE = {
+    "MixtralSparseMoeBlock": "",
+    "Qwen3MoeSparseMoeBlock": "",
+    "DeepseekV3MoE": "deepseek_v3",
+    "GptOssMLP": "gpt_oss",
+}
+# the experts' activation each semantics computes (:func:`experts_facts`' ``act``)
+SEMANTICS_ACT = {"": "silu", "deepseek_v3": "silu", "gpt_oss": "swigluoai"}
+
+
+def activation_name(module: torch.nn.Module) -> str | None:
+    """``silu`` or ``gelu_tanh`` for a transformers activation module (``SiLUActivation``,
+    ``nn.SiLU``; ``GELUTanh``, ``PytorchGELUTanh``), else None."""
+    name = type(module).__name__
+    if "SiLU" in name:
+        return "silu"
+    if "GELUTanh" in name:
+        return "gelu_tanh"
+    return None
+
+
+def experts_facts(experts: torch.nn.Module) -> dict:
+    """What the experts module of an MoE block (meta device) computes between its two
+    GEMMs, and whether they have biases: ``{"act", "bias"}``, plus ``swiglu_alpha`` and
+    ``swiglu_limit`` for gpt-oss's clamped SwiGLU. ``act``: :func:`activation_name` of its
+    ``act_fn`` module (``silu``: SiLU of the gate half times the up half); ``swigluoai``
+    for a module with ``alpha``, ``limit`` and an ``_apply_gate`` that equals
+    :func:`kb_nano.operators.moe_parts.swiglu_oai` on a probe of :data:`PROBE_WIDTH`
+    interleaved values in [-12, 12] (past the limit), on the CPU; None otherwise.
+    ``bias``: it has a ``gate_up_proj_bias`` or ``down_proj_bias`` parameter."""
+    from kb_nano.operators.moe_parts import swiglu_oai
+
+    bias = any(isinstance(getattr(experts, n, None), torch.nn.Parameter) for n in EXPERT_BIASES)
+    act_fn = getattr(experts, "act_fn", None)
+    if act_fn is not None:
+        return {"act": activation_name(act_fn), "bias": bias}
+    alpha, limit, gate = (getattr(experts, n, None) for n in ("alpha", "limit", "_apply_gate"))
+    if not isinstance(alpha, float | int) or not isinstance(limit, float | int) or not callable(gate):
+        return {"act": None, "bias": bias}
+    probe = torch.linspace(-12.0, 12.0, PROBE_WIDTH)[None]
+    try:
+        same = torch.allclose(gate(probe), swiglu_oai(probe, float(alpha), float(limit)), atol=1e-6)
+    except Exception:  # noqa: BLE001 - any failure of the module's own code: not this activation
+        same = False
+    facts = {"act": "swigluoai" if same else None, "bias": bias}
+    return facts | ({"swiglu_alpha": float(alpha), "swiglu_limit": float(limit)} if same else {})
+
+
+EXPERT_BIASES = ("gate_up_proj_bias", "down_proj_bias")
+PROBE_WIDTH = 64
+
+# a decoder layer's feed-forward child, by the names transformers' decoder layers give it
+FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe")
+
+
+def mlp_blocks(lm: torch.nn.Module) -> dict:
+    """The feed-forward blocks of the causal LM ``lm`` (meta device), from each decoder
+    layer's ``mlp`` (or ``feed_forward``, :data:`FFN_NAMES`): ``{"dense": [{"where",
+    "class", "intermediate_size", "act", "act_class", "layers"}, ...], "moe": {"class",
+    "semantics", "reason", "experts"} | None}``. A dense entry per
+    distinct gated MLP (``where``: ``mlp`` for a layer's own MLP, ``shared_experts`` for an
+    MoE block's always-on experts; ``intermediate_size`` from its ``up_proj`` or fused
+    ``gate_up_proj``; ``act`` from :func:`activation_name`); ``moe`` is the first MoE
+    block (an ``mlp`` with ``experts``: :func:`moe_block`); None for a dense model. A model with neither
+    gets an MoE entry without class whose reason says none was found."""
+    dense: dict[tuple, dict] = {}
+    moe = None
+
+    def add(module: torch.nn.Module, where: str) -> None:
+        children = dict(module.named_children())
+        if "up_proj" in children:
+            width = int(children["up_proj"].out_features)
+        elif "gate_up_proj" in children:
+            width = int(children["gate_up_proj"].out_features) // 2
+        else:
+            width = None
+        act = children.get("act_fn")
+        key = (where, type(module).__name__, width, type(act).__name__ if act is not None else None)
+        entry = dense.setdefault(
+            key,
+            {
+                "where": where,
+                "class": key[1],
+                "intermediate_size": width,
+                "act": activation_name(act) if act is not None else None,
+                "act_class": key[3],
+                "layers": 0,
+            },
+        )
+        entry["layers"] += 1
+
+    for name, module in lm.named_modules():
+        if name.rsplit(".", 1)[-1] not in FFN_NAMES or ".layers." not in name:
+            continue
+        children = dict(module.named_children())
+        if "experts" not in children:
+            add(module, "mlp")
+            continue
+        for sub in ("shared_experts", "shared_expert"):
+            if sub in children:
+                add(children[sub], "shared_experts")
+        if moe is None:
+            moe = moe_block(module)
+    if not dense and moe is None:
+        where = " / ".join(f"layers.*.{n}" for n in FFN_NAMES)
+        reason = f"not covered: no feed-forward block found ({where})"
+        moe = {"class": None, "semantics": "", "reason": reason, "experts": None}
+    return {"dense": list(dense.values()), "moe": moe}
+
+
+def moe_block(module: torch.nn.Module) -> dict:
+    """The MoE block ``module`` (meta device; a feed-forward block with ``experts``):
+    ``{"class", "semantics", "reason", "experts"}``; ``semantics`` from
+    :data:`COVERED_MOE`, ``experts`` from :func:`experts_facts`, ``reason`` None when the
+    class is covered and its experts compute the activation its semantics take
+    (:data:`SEMANTICS_ACT`), else ``not covered: ...``."""
+    cls = type(module).__name__
+    children = dict(module.named_children())
+    experts = experts_facts(children["experts"])
+    semantics = COVERED_MOE.get(cls, "")
+    reason = None
+    if cls not in COVERED_MOE:
+        extra = sorted(set(children) - {"experts", "gate"})
+        has = f"; it has {', '.join(extra)}" if extra else ""
+        reason = (
+            f"not covered: {cls} (its routing and experts are not those of "
+            f"{' / '.join(COVERED_MOE)} that the baseline computes{has})"
+        )
+    elif experts["act"] != SEMANTICS_ACT[semantics]:
+        reason = f"not covered: {cls} whose experts' activation is not {SEMANTICS_ACT[semantics]}"
+    return {"class": cls, "semantics": semantics, "reason": reason, "experts": experts}

@@ -1,0 +1,55 @@
+"""The ``fused_moe`` constructor arguments of each MoE semantics beyond the standard form
+(:mod:`kb_nano.operators.moe`): what the model's own MoE block computes, read from its
+module tree (``facts['mlp_blocks']``, :mod:`kb_nano.models.ffn_tree`) and its config.
+Each function takes ``(facts, tp)`` and returns the extra ``init_args``, or raises
+``NotApplicable`` (``not covered: ...``) for a block of that class the baseline does not
+compute."""
+
+from __future__ import annotations
+
+from kb_nano.operators.base import NotApplicable, config_field, shard
+
+
+def moe_semantics(facts: dict) -> str:
+    """The semantics of the model's MoE block from its module tree (``deepseek_v3`` for
+    ``DeepseekV3MoE``, ``gpt_oss`` for ``GptOssMLP``: :data:`kb_nano.models.ffn_tree.COVERED_MOE`), ``""`` otherwise."""
+    return (((facts.get("mlp_blocks") or {}).get("moe")) or {}).get("semantics") or ""
+
+
+def deepseek_v3_args(facts: dict, tp: int) -> dict:
+    """The grouped sigmoid routing, bias, scaling and shared experts of a DeepSeek-V3 block."""
+    scoring, method = config_field(facts, "scoring_func"), config_field(facts, "topk_method")
+    if scoring != "sigmoid" or method != "noaux_tc":
+        raise NotApplicable(
+            f"not covered: DeepseekV3MoE with scoring_func={scoring!r}, topk_method={method!r} (transformers "
+            "always scores with sigmoid and a correction bias; vLLM follows the config: they differ)"
+        )
+    shared = next((d for d in facts["mlp_blocks"]["dense"] if d["where"] == "shared_experts"), None)
+    if shared is None or shared["act"] != "silu" or not shared["intermediate_size"]:
+        raise NotApplicable("not covered: DeepseekV3MoE without SiLU-gated shared experts")
+    shard(shared["intermediate_size"], tp, "shared experts' intermediate_size")
+    return {
+        "use_grouped_topk": True,
+        "num_expert_group": int(config_field(facts, "n_group")),
+        "topk_group": int(config_field(facts, "topk_group")),
+        "scoring_func": "sigmoid",
+        "routed_scaling_factor": float(config_field(facts, "routed_scaling_factor", default=1.0)),
+        "e_score_correction_bias": True,
+        "shared_experts_intermediate_size": shared["intermediate_size"],
+    }
+
+
+def gpt_oss_args(facts: dict, tp: int) -> dict:
+    """The biased experts and clamped SwiGLU of a gpt-oss block, from its experts module
+    (:func:`kb_nano.models.ffn_tree.experts_facts`)."""
+    experts = facts["mlp_blocks"]["moe"]["experts"]
+    return {
+        "has_bias": bool(experts["bias"]),
+        "activation": "swigluoai",
+        "swiglu_alpha": experts["swiglu_alpha"],
+        "swiglu_limit": experts["swiglu_limit"],
+    }
+
+
+# semantics -> its extra init_args
+SEMANTICS_ARGS = {"deepseek_v3": deepseek_v3_args, "gpt_oss": gpt_oss_args}
