@@ -177,7 +177,7 @@ BROKEN = {
         "gate = gate_up[..., ::2].clamp(max=limit)\n        up = gate_up[..., 1::2].clamp(-limit, limit)",
         "gate, up = gate_up.chunk(2, dim=-1)\n        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)",
     ),
-    "silu_only": ('supported_semantics = ("deepseek_v3", "gpt_oss")', 'supported_semantics = ("deepseek_v3",)'),
+    "silu_only": ('"deepseek_v3", "gpt_oss", ', '"deepseek_v3", '),
 }
 
 
