@@ -11,7 +11,10 @@ shared experts' output is added to the fp32 sum before the one rounding.
 
 gpt-oss (``gpt_oss`` semantics): each expert's biases are added in its GEMMs and the clamped
 SwiGLU runs on the interleaved gate/up columns; routing is the same renormalised softmax
-top-k (equal to a softmax over the top-k logits)."""
+top-k (equal to a softmax over the top-k logits).
+
+Llama-4 (``llama4`` semantics): the top-1 logit's sigmoid scales the rows of the expert's
+input (rounded to the model dtype) instead of its output; the shared expert as DeepSeek's."""
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +30,7 @@ class SortedExpertsMoE(nn.Module):
     Forward: hidden_states ``[N, hidden]``, router_logits ``[N, E]`` -> ``[N, hidden]``.
     """
 
-    supported_semantics = ("deepseek_v3", "gpt_oss")
+    supported_semantics = ("deepseek_v3", "gpt_oss", "llama4")
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class SortedExpertsMoE(nn.Module):
         routed_scaling_factor=1.0,
         e_score_correction_bias=False,
         shared_experts_intermediate_size=0,
+        apply_router_weight_on_input=False,
         has_bias=False,
         tp_size=1,
         prefix="",
@@ -65,7 +69,11 @@ class SortedExpertsMoE(nn.Module):
         self.swiglu = (swiglu_alpha, swiglu_limit) if activation == "swigluoai" else None
         if use_grouped_topk and scoring_func != "sigmoid":
             raise ValueError(f"grouped top-k with scoring_func {scoring_func!r} not implemented")
+        if scoring_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"scoring_func {scoring_func!r} not implemented")
         self.groups = (num_expert_group, topk_group) if use_grouped_topk else None
+        self.sigmoid_topk = scoring_func == "sigmoid" and not use_grouped_topk
+        self.weight_on_input = apply_router_weight_on_input
         self.scale = float(routed_scaling_factor)
         self.e_score_correction_bias = (
             nn.Parameter(torch.empty(num_experts, dtype=dtype)) if e_score_correction_bias else None
@@ -79,7 +87,10 @@ class SortedExpertsMoE(nn.Module):
 
     def route(self, router_logits):
         """(weights fp32 [N, k], ids [N, k])."""
-        if self.groups is None:
+        if self.sigmoid_topk:
+            weights, ids = router_logits.float().topk(self.top_k, dim=-1)
+            weights = weights.sigmoid()
+        elif self.groups is None:
             weights, ids = torch.softmax(router_logits.float(), dim=-1).topk(self.top_k, dim=-1)
         else:
             n_group, keep = self.groups
@@ -122,10 +133,12 @@ class SortedExpertsMoE(nn.Module):
                 continue
             rows = order[start : start + count]
             x = hidden_states[tokens[start : start + count]]
+            if self.weight_on_input:
+                x = x * weights.view(-1)[rows, None].to(x.dtype)
             y = F.linear(x, self.w13_weight[e], None if self.w13_bias is None else self.w13_bias[e])
             y = self.activation(y)
             y = F.linear(y, self.w2_weight[e], None if self.w2_bias is None else self.w2_bias[e])
-            out[rows] = y * weights.view(-1)[rows, None]
+            out[rows] = y.float() if self.weight_on_input else y * weights.view(-1)[rows, None]
             start += count
         total = out.view(n, self.top_k, h).sum(dim=1)
         if self.shared_experts is not None:

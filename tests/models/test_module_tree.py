@@ -275,7 +275,9 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
         "swiglu_limit": 7.0,
     }
     assert m["models"]["gpt-oss-20b"]["mlp_blocks"]["moe"]["experts"]["act"] == "swigluoai"
-    # Llama-4: its rotation is its own; its MoE block is not covered
+    # Llama-4: its rotation is its own; its MoE block is measured with its own semantics (the
+    # top-1 sigmoid weight on the expert's input, the shared expert), silu_and_mul as its experts'
+    # activation
     assert "rotates q and k its own way" in reason("rotary_embedding__llama4-scout__tp1__n4")
     # rotary: gpt-oss's yarn and Phi-3.5-MoE's longrope are measured with their scaling;
     # Gemma-3's per-layer-type rope is one kind per layer type; DeepSeek-V3's MLA is not covered
@@ -286,7 +288,11 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
     full = rows["rotary_embedding__gemma3-4b__tp1__n4__full"]["init_args"]
     assert full["rope_scaling"] == {"rope_type": "linear", "factor": 8.0} and full["base"] == 1e6
     assert rows["rotary_embedding__gemma3-4b__tp1__n4__sliding1024"]["init_args"]["base"] == 1e4
-    assert reason("fused_moe__llama4-scout__tp1__n4").startswith("not covered: Llama4TextMoe")
+    llama4 = rows["fused_moe__llama4-scout__tp1__n4__llama4"]
+    assert llama4["semantics"] == "llama4" and shapes(llama4["scenario_id"]) == [[4, 5120], [4, 16]]
+    assert llama4["init_args"]["apply_router_weight_on_input"] and llama4["init_args"]["scoring_func"] == "sigmoid"
+    assert llama4["init_args"]["shared_experts_intermediate_size"] == 8192
+    assert shapes("silu_and_mul__llama4-scout__tp1__n4") == [[4, 2 * 8192]]
     # Phi-3.5-MoE normalises with LayerNorm
     assert reason("rms_norm__phi35-moe__tp1__n4").startswith("not covered: the model has no RMSNorm")
     # Gemma-3 (multimodal file: its text decoder): gemma-form norms, sliding and full layers

@@ -123,7 +123,7 @@ BROKEN = {
         "biased = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()",
         "biased = scores",
     ),
-    "softmax_only": ('supported_semantics = ("deepseek_v3", "gpt_oss")', 'supported_semantics = ("gpt_oss",)'),
+    "softmax_only": ('supported_semantics = ("deepseek_v3", ', "supported_semantics = ("),
 }
 
 

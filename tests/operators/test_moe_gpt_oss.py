@@ -80,7 +80,7 @@ def test_gpt_oss_baseline_equals_transformers_gpt_oss_mlp(facts_of, dtype):
     # the clamp is part of it: without the limit the output differs
     with torch.no_grad():
         ours.swiglu = (1.702, float("inf"))
-        assert not torch.allclose(ours(x.clone(), logits).float(), want.float(), atol=0.1)
+        assert not torch.allclose(ours(x.clone(), logits).float(), want.float(), atol=0.02, rtol=0.016)
 
 
 def test_gpt_oss_tp_shards_sum_to_the_whole_with_w2_bias_on_rank_0():
@@ -145,7 +145,8 @@ def test_gpt_oss_scenarios_shard_the_experts_and_reach_the_clamp():
     assert not rows["silu_and_mul"]["applicable"]
     assert rows["silu_and_mul"]["reason"].startswith("not covered: GptOssMLP's experts compute swigluoai")
     # the hidden states the judge draws, on the baseline's weights (two experts of them):
-    # the limit binds on some gate and up values of every token, and the output stays of order 1
+    # the limit binds on some gate and up values of every token; the output's rms is that of
+    # the other MoE scenarios (~0.1), whose bf16 roundings the tolerance absorbs
     gen = torch.Generator().manual_seed(0)
     x = make_tensor(s["inputs"][0], gen, "cpu").float()
     torch.manual_seed(0)
@@ -156,7 +157,7 @@ def test_gpt_oss_scenarios_shard_the_experts_and_reach_the_clamp():
     gate, up = pre[:, ::2], pre[:, 1::2]
     assert 0.005 < (gate > 7).float().mean() < 0.1 and 0.01 < (up.abs() > 7).float().mean() < 0.1
     assert ((gate > 7) | (up.abs() > 7)).any(-1).all()
-    assert 0.3 < out.pow(2).mean().sqrt() < 3
+    assert 0.05 < out.pow(2).mean().sqrt() < 0.3
 
 
 SHIPPED = REPO / "candidates/fused_moe/sorted_experts.py"
@@ -168,11 +169,15 @@ BROKEN = {
         "y = F.linear(x, self.w13_weight[e], None if self.w13_bias is None else self.w13_bias[e])",
         "y = F.linear(x, self.w13_weight[e])",
     ),
+    "no_w2_bias": (
+        "y = F.linear(y, self.w2_weight[e], None if self.w2_bias is None else self.w2_bias[e])",
+        "y = F.linear(y, self.w2_weight[e])",
+    ),
     "halves": (
         "gate = gate_up[..., ::2].clamp(max=limit)\n        up = gate_up[..., 1::2].clamp(-limit, limit)",
         "gate, up = gate_up.chunk(2, dim=-1)\n        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)",
     ),
-    "silu_only": ('supported_semantics = ("deepseek_v3", "gpt_oss")', 'supported_semantics = ("deepseek_v3",)'),
+    "silu_only": ('"deepseek_v3", "gpt_oss", ', '"deepseek_v3", '),
 }
 
 
@@ -184,6 +189,7 @@ BROKEN = {
         ("no_clamp", "incorrect"),
         ("no_up_clamp", "incorrect"),
         ("no_bias", "incorrect"),
+        ("no_w2_bias", "incorrect"),
         ("halves", "incorrect"),
         ("silu_only", "skipped"),
     ],

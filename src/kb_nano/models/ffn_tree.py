@@ -15,15 +15,17 @@ import torch
 # tested equal to them), each with the semantics of its scenarios: softmax top-k routing with
 # optional renormalisation and SiLU-gated experts (the standard form, ""); DeepSeek-V3's
 # grouped sigmoid top-k with a correction bias, scaling and shared experts ("deepseek_v3");
-# gpt-oss's softmax over the top-k logits and biased experts with the clamped SwiGLU ("gpt_oss")
+# gpt-oss's softmax over the top-k logits and biased experts with the clamped SwiGLU ("gpt_oss");
+# Llama-4's sigmoid of the top-1 logit scaling the expert's input, plus a shared expert ("llama4")
 COVERED_MOE = {
     "MixtralSparseMoeBlock": "",
     "Qwen3MoeSparseMoeBlock": "",
     "DeepseekV3MoE": "deepseek_v3",
     "GptOssMLP": "gpt_oss",
+    "Llama4TextMoe": "llama4",
 }
 # the experts' activation each semantics computes (:func:`experts_facts`' ``act``)
-SEMANTICS_ACT = {"": "silu", "deepseek_v3": "silu", "gpt_oss": "swigluoai"}
+SEMANTICS_ACT = {"": "silu", "deepseek_v3": "silu", "gpt_oss": "swigluoai", "llama4": "silu"}
 
 
 def activation_name(module: torch.nn.Module) -> str | None:
@@ -92,7 +94,7 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
             width = int(children["gate_up_proj"].out_features) // 2
         else:
             width = None
-        act = children.get("act_fn")
+        act = children.get("act_fn", children.get("activation_fn"))
         key = (where, type(module).__name__, width, type(act).__name__ if act is not None else None)
         entry = dense.setdefault(
             key,

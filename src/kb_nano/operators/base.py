@@ -100,6 +100,8 @@ SEMANTICS = {
     "scales the routed output by routed_scaling_factor and adds shared experts (vLLM grouped_topk, DeepseekV2MoE)",
     "gpt_oss": "MoE experts have biases and gpt-oss's clamped SwiGLU on interleaved gate/up columns (alpha 1.702, "
     "limit 7; vLLM swigluoai), routed by a softmax over the top-k logits (gpt-oss MLPBlock)",
+    "llama4": "MoE routes each token to its top-1 expert, whose input (not output) is scaled by the sigmoid of "
+    "that logit, and adds a shared expert (vLLM Llama4MoE)",
     "mla": "attention is multi-head latent attention: prefill on decompressed q/k/v, decode absorbed over the "
     "576-wide latent cache (DeepSeek-V3; vLLM MLA)",
 }

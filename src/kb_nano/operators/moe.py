@@ -1,4 +1,5 @@
-"""L2 ``fused_moe`` baseline (vLLM ``FusedMoE``), per TP rank: Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss.
+"""L2 ``fused_moe`` baseline (vLLM ``FusedMoE``), per TP rank: Mixtral, Qwen3-MoE, DeepSeek-V3,
+gpt-oss, Llama-4.
 
 ``forward(hidden_states, router_logits)``: softmax of the router logits in fp32, top-k
 experts per token, renormalised to sum 1 when ``renormalize`` (vLLM ``fused_topk``;
@@ -54,8 +55,22 @@ it (``FusedMoE`` with ``has_bias=True``, ``activation="swigluoai"``, ``renormali
   hidden states they are N(0, 1/3) and it never would, so the hidden states of these
   scenarios are drawn N(0, :data:`SWIGLU_INPUT_STD`^2): pre-activations of std ~3.5, the
   limit (7) binding on ~2 % of the gate and ~4 % of the up values (every token has some),
-  and ``w2_weight`` drawn :data:`SWIGLU_W2_SCALE` times narrower so the output stays of
-  order 1 (a kernel without the clamp fails: ``tests/operators/test_moe_gpt_oss.py``).
+  and ``w2_weight`` drawn :data:`SWIGLU_W2_SCALE` times narrower, so the output's rms is
+  ~0.1 as in the other MoE scenarios: with activations up to ~56, an output of rms ~1 made
+  two honest bf16 kernels differ by more than the tolerance (rounding its larger partial
+  sums). The biases are drawn of the size of what they are added to: ``w13_bias``
+  U(-1, 1), ``w2_bias`` U(-0.1, 0.1). A kernel without the clamp is then ``incorrect`` on
+  ~17 % of the elements, one without the up clamp on ~5 %, one without either bias too
+  (``tests/operators/test_moe_gpt_oss.py``).
+
+Llama-4 (``Llama4TextMoe``; semantics ``llama4``), as vLLM's ``Llama4MoE`` runs it
+(``SharedFusedMoE`` with its ``custom_routing_function``, ``renormalize=False``,
+``apply_router_weight_on_input=True``): the top-1 expert of the router logits, its weight
+the sigmoid of that logit in fp32 (not renormalised); the token's hidden state times that
+weight (rounded to the model dtype, as vLLM's ``prepare`` and transformers do) is the
+expert's input, its output is not scaled again; the shared expert (``Llama4TextMLP``, of
+width ``intermediate_size``, SiLU-gated: :class:`kb_nano.operators.moe_parts.SharedExperts`)
+is added. Since SiLU is not linear, scaling the output instead changes it.
 
 The bias is stored in the model dtype (every parameter of a baseline is cast to the
 scenario dtype; vLLM keeps it in fp32) and drawn from N(0, :data:`SCORE_BIAS_STD`^2) with
@@ -106,7 +121,7 @@ SCORE_BIAS_STD = 0.05
 # gpt-oss (swigluoai): std of the hidden states, and how many times narrower than the
 # default w2_weight is drawn (see the module docstring)
 SWIGLU_INPUT_STD = 6.0
-SWIGLU_W2_SCALE = 2.5
+SWIGLU_W2_SCALE = 30.0
 ACTIVATIONS = ("silu", "swigluoai")
 
 # Architectures whose decoder MLPs are mixtures of experts (used when the expert fields of
@@ -141,12 +156,15 @@ class FusedMoE(nn.Module):
         renormalize: rescale the top-k routing weights to sum 1.
         use_grouped_topk, num_expert_group, topk_group, scoring_func: vLLM's grouped top-k
             routing (:func:`kb_nano.operators.moe_parts.grouped_topk`); without
-            ``use_grouped_topk`` the routing is ``fused_topk`` (softmax only).
+            ``use_grouped_topk`` the routing is ``fused_topk`` (softmax; sigmoid: Llama-4's
+            sigmoid of the top-k logits).
         routed_scaling_factor: multiplies the routed experts' output (vLLM ``MoERunner``).
         e_score_correction_bias: hold a bias ``[E]`` added to the scores for the expert
             choice only (vLLM takes the gate's tensor; here a parameter of the block).
         shared_experts_intermediate_size: full width of the shared experts added to every
             token (0: none; vLLM ``SharedFusedMoE`` takes the ``shared_experts`` module).
+        apply_router_weight_on_input: multiply each token's input to its expert by the
+            routing weight, not the expert's output (vLLM's flag; Llama-4; top_k 1 only).
         has_bias: the experts have biases ``w13_bias`` and ``w2_bias`` (vLLM's flag; gpt-oss).
         tp_size: TP degree (kb-nano addition).
         prefix: layer name (unused).
@@ -162,7 +180,8 @@ class FusedMoE(nn.Module):
     ``[2 * Is/tp, hidden]`` and ``shared_experts.down_proj.weight`` ``[hidden, Is/tp]``; with
     ``has_bias`` ``w13_bias`` ``[E, 2 * I/tp]`` and ``w2_bias`` ``[E, hidden]``.
     Raises ``ValueError`` for another activation or scoring function, a TP that does not
-    divide a width, or grouped top-k without groups that divide ``E``.
+    divide a width, grouped top-k without groups that divide ``E``, or the routing weight on
+    the input with ``top_k`` > 1.
     """
 
     def __init__(
@@ -181,6 +200,7 @@ class FusedMoE(nn.Module):
         routed_scaling_factor: float = 1.0,
         e_score_correction_bias: bool = False,
         shared_experts_intermediate_size: int = 0,
+        apply_router_weight_on_input: bool = False,
         has_bias: bool = False,
         tp_size: int = 1,
         prefix: str = "",
@@ -193,8 +213,10 @@ class FusedMoE(nn.Module):
             raise ValueError(f"activation {activation!r} not supported; supported: {', '.join(ACTIVATIONS)}")
         if intermediate_size % tp_size:
             raise ValueError(f"tp_size={tp_size} does not divide intermediate_size={intermediate_size}")
-        if scoring_func not in SCORING_FUNCS or (scoring_func != "softmax" and not use_grouped_topk):
-            raise ValueError(f"scoring_func {scoring_func!r} needs use_grouped_topk (supported: {SCORING_FUNCS})")
+        if scoring_func not in SCORING_FUNCS:
+            raise ValueError(f"scoring_func {scoring_func!r} not supported; supported: {', '.join(SCORING_FUNCS)}")
+        if apply_router_weight_on_input and top_k != 1:
+            raise ValueError(f"apply_router_weight_on_input needs top_k=1, not {top_k} (as vLLM)")
         if use_grouped_topk and (not num_expert_group or not topk_group or num_experts % num_expert_group):
             raise ValueError(
                 f"grouped top-k: num_expert_group={num_expert_group} must divide num_experts={num_experts}"
@@ -206,6 +228,8 @@ class FusedMoE(nn.Module):
         self.renormalize = renormalize
         self.tp_size = tp_size
         self.grouping = (num_expert_group, topk_group, scoring_func) if use_grouped_topk else None
+        self.scoring_func = scoring_func
+        self.apply_router_weight_on_input = apply_router_weight_on_input
         self.routed_scaling_factor = float(routed_scaling_factor)
         self.swiglu = (float(swiglu_alpha), float(swiglu_limit)) if activation == "swigluoai" else None
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * shard_size, hidden_size, dtype=dtype))
@@ -218,8 +242,9 @@ class FusedMoE(nn.Module):
         if has_bias:
             self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * shard_size, dtype=dtype))
             self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype))
-            nn.init.uniform_(self.w13_bias, -(hidden_size**-0.5), hidden_size**-0.5)
-            nn.init.uniform_(self.w2_bias, -w2_bound, w2_bound)
+            # of the size of what they are added to (see the module docstring)
+            nn.init.uniform_(self.w13_bias, -1.0, 1.0)
+            nn.init.uniform_(self.w2_bias, -0.1, 0.1)
         self.e_score_correction_bias = None
         if e_score_correction_bias:
             self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts, dtype=dtype))
@@ -232,7 +257,7 @@ class FusedMoE(nn.Module):
         """``(topk_weights fp32 [N, k], topk_ids int64 [N, k])``: vLLM ``fused_topk``, or
         ``grouped_topk`` (without the scaling factor, applied to the output in ``forward``)."""
         if self.grouping is None:
-            return fused_topk(router_logits, self.top_k, self.renormalize)
+            return fused_topk(router_logits, self.top_k, self.renormalize, self.scoring_func)
         groups, keep, scoring = self.grouping
         return grouped_topk(
             router_logits, self.top_k, self.renormalize, groups, keep, scoring, 1.0, self.e_score_correction_bias
@@ -245,14 +270,18 @@ class FusedMoE(nn.Module):
         hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
         for e in hit[:, 0].tolist():
             top_k_pos, token_idx = torch.where(expert_mask[e])
-            h = F.linear(hidden_states[token_idx], self.w13_weight[e], _row(self.w13_bias, e))
+            h = hidden_states[token_idx]
+            if self.apply_router_weight_on_input:  # Llama-4: the routing weight scales the input
+                h = h * topk_weights[token_idx, top_k_pos, None].to(h.dtype)
+            h = F.linear(h, self.w13_weight[e], _row(self.w13_bias, e))
             if self.swiglu is None:
                 gate, up = h.chunk(2, dim=-1)
                 h = F.silu(gate) * up
             else:
                 h = swiglu_oai(h, *self.swiglu)
             h = F.linear(h, self.w2_weight[e], _row(self.w2_bias, e))
-            h = h * topk_weights[token_idx, top_k_pos, None]
+            if not self.apply_router_weight_on_input:
+                h = h * topk_weights[token_idx, top_k_pos, None]
             out.index_add_(0, token_idx, h.to(out.dtype))
         if self.routed_scaling_factor != 1.0:
             out = out * self.routed_scaling_factor

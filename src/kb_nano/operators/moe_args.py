@@ -12,8 +12,20 @@ from kb_nano.operators.base import NotApplicable, config_field, shard
 
 def moe_semantics(facts: dict) -> str:
     """The semantics of the model's MoE block from its module tree (``deepseek_v3`` for
-    ``DeepseekV3MoE``, ``gpt_oss`` for ``GptOssMLP``: :data:`kb_nano.models.ffn_tree.COVERED_MOE`), ``""`` otherwise."""
+    ``DeepseekV3MoE``, ``gpt_oss`` for ``GptOssMLP``, ``llama4`` for ``Llama4TextMoe``: :data:`kb_nano.models.ffn_tree.COVERED_MOE`), ``""`` otherwise."""
     return (((facts.get("mlp_blocks") or {}).get("moe")) or {}).get("semantics") or ""
+
+
+def shared_width(facts: dict, tp: int) -> int:
+    """The full width of the MoE block's shared experts (the module tree's ``shared_experts``
+    entry); raises ``NotApplicable`` when they are missing or not SiLU-gated, or TP does not
+    divide their width."""
+    shared = next((d for d in facts["mlp_blocks"]["dense"] if d["where"] == "shared_experts"), None)
+    cls = facts["mlp_blocks"]["moe"]["class"]
+    if shared is None or shared["act"] != "silu" or not shared["intermediate_size"]:
+        raise NotApplicable(f"not covered: {cls} without SiLU-gated shared experts")
+    shard(shared["intermediate_size"], tp, "shared experts' intermediate_size")
+    return int(shared["intermediate_size"])
 
 
 def deepseek_v3_args(facts: dict, tp: int) -> dict:
@@ -24,10 +36,6 @@ def deepseek_v3_args(facts: dict, tp: int) -> dict:
             f"not covered: DeepseekV3MoE with scoring_func={scoring!r}, topk_method={method!r} (transformers "
             "always scores with sigmoid and a correction bias; vLLM follows the config: they differ)"
         )
-    shared = next((d for d in facts["mlp_blocks"]["dense"] if d["where"] == "shared_experts"), None)
-    if shared is None or shared["act"] != "silu" or not shared["intermediate_size"]:
-        raise NotApplicable("not covered: DeepseekV3MoE without SiLU-gated shared experts")
-    shard(shared["intermediate_size"], tp, "shared experts' intermediate_size")
     return {
         "use_grouped_topk": True,
         "num_expert_group": int(config_field(facts, "n_group")),
@@ -35,7 +43,7 @@ def deepseek_v3_args(facts: dict, tp: int) -> dict:
         "scoring_func": "sigmoid",
         "routed_scaling_factor": float(config_field(facts, "routed_scaling_factor", default=1.0)),
         "e_score_correction_bias": True,
-        "shared_experts_intermediate_size": shared["intermediate_size"],
+        "shared_experts_intermediate_size": shared_width(facts, tp),
     }
 
 
@@ -51,5 +59,19 @@ def gpt_oss_args(facts: dict, tp: int) -> dict:
     }
 
 
+def llama4_args(facts: dict, tp: int) -> dict:
+    """Llama-4's routing (the sigmoid of the top-1 logit, not renormalised, scaling the
+    expert's input) and its shared expert."""
+    top_k = int(config_field(facts, "num_experts_per_tok"))
+    if top_k != 1:
+        raise NotApplicable(f"not covered: Llama4TextMoe with num_experts_per_tok={top_k} (vLLM runs top-1 only)")
+    return {
+        "scoring_func": "sigmoid",
+        "renormalize": False,
+        "apply_router_weight_on_input": True,
+        "shared_experts_intermediate_size": shared_width(facts, tp),
+    }
+
+
 # semantics -> its extra init_args
-SEMANTICS_ARGS = {"deepseek_v3": deepseek_v3_args, "gpt_oss": gpt_oss_args}
+SEMANTICS_ARGS = {"deepseek_v3": deepseek_v3_args, "gpt_oss": gpt_oss_args, "llama4": llama4_args}

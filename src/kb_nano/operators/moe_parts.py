@@ -3,7 +3,8 @@ MoE architectures: the routing (which experts a token goes to, with which weight
 shared experts some models add to every token.
 
 - :func:`fused_topk`: softmax over the router logits, top-k, optional renormalisation
-  (vLLM ``fused_topk``; Mixtral, Qwen3-MoE).
+  (vLLM ``fused_topk``; Mixtral, Qwen3-MoE, gpt-oss); or the top-k logits' sigmoid
+  (Llama-4).
 - :func:`grouped_topk`: vLLM's ``grouped_topk`` (``fused_moe/router/grouped_topk_router.py``,
   the native form its ``GroupedTopk`` op and the CUDA ``ops.grouped_topk`` kernel compute;
   DeepSeek-V2/V3): scores (softmax or sigmoid), experts split into ``num_expert_group``
@@ -30,11 +31,22 @@ from torch import nn
 SCORING_FUNCS = ("softmax", "sigmoid")
 
 
-def fused_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_topk(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, scoring_func: str = "softmax"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM ``fused_topk``: ``softmax(router_logits fp32)``, top-k, renormalised to sum 1
-    when ``renormalize``. router_logits ``[N, E]`` -> ``(weights fp32 [N, k], ids int64 [N, k])``."""
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
+    when ``renormalize``; with ``scoring_func="sigmoid"`` the top-k of the fp32 logits with
+    the sigmoid of each as its weight (vLLM's ``Llama4MoE.custom_routing_function``: the
+    same experts as a top-k of the sigmoid scores, ties included). router_logits ``[N, E]``
+    -> ``(weights fp32 [N, k], ids int64 [N, k])``. Raises ``ValueError`` for a scoring
+    function other than :data:`SCORING_FUNCS`."""
+    if scoring_func not in SCORING_FUNCS:
+        raise ValueError(f"scoring_func {scoring_func!r} not supported; supported: {', '.join(SCORING_FUNCS)}")
+    if scoring_func == "sigmoid":
+        values, topk_ids = torch.topk(router_logits.float(), top_k, dim=-1)
+        topk_weights = values.sigmoid()
+    else:
+        topk_weights, topk_ids = torch.topk(torch.softmax(router_logits.float(), dim=-1), top_k, dim=-1)
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
     return topk_weights, topk_ids
