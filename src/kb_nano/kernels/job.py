@@ -306,13 +306,6 @@ def run(
         return "crashed"
 
 
-# How long a job thread that saw its judge die of SIGINT waits for Snakemake's main thread
-# to note the same SIGINT. On a loaded 2-core host the main thread ran its handler more
-# than 2 s after the judge died (a full test suite beside it, 2026-12-03), and the job then
-# reported a failed job with a traceback instead of ending quietly.
-NOTE_WAIT_S = 6.0
-
-
 def _interrupted(job: str, log_p: Path) -> None:
     """End a job whose judge or baseline worker died of SIGINT, without a row (the next
     run redoes it), with one line in its log. When the Snakemake process got that SIGINT
@@ -329,7 +322,7 @@ def _interrupted(job: str, log_p: Path) -> None:
         log_p.parent.mkdir(parents=True, exist_ok=True)
         with open(log_p, "a") as f:
             f.write(f"kb_nano: {message}\n")
-    if interrupted(wait_s=NOTE_WAIT_S):
+    if interrupted(wait_s=2.0):
         print(f"kb-nano: {message}", file=sys.stderr)
         raise KeyboardInterrupt
     raise KbNanoError(message)
