@@ -37,3 +37,23 @@ def shapes(name, facts, tp, n=4, **extra):
     op = operators.get(name)
     args = op.init_args(facts, tp)
     return args, {s["name"]: s["shape"] for s in op.inputs(args, facts, tp, n, "bfloat16", **extra)}
+
+
+def measure_moe_candidate(scenario: dict, candidate: str, edits: list[tuple[str, str]] | None, tmp_path) -> dict:
+    """One CPU measurement (``measure_once``) of the shipped ``fused_moe/sorted_experts``,
+    or, with ``edits`` (``(old, new)`` source replacements, each asserted present), of a
+    broken copy of it written under ``tmp_path`` as ``candidate``; returns the row."""
+    from workflow_helpers import REPO
+
+    from kb_nano.kernels.measure import measure_once
+
+    path = REPO / "candidates/fused_moe/sorted_experts.py"
+    if edits:
+        text = path.read_text()
+        for old, new in edits:
+            assert old in text
+            text = text.replace(old, new)
+        path = tmp_path / f"{candidate}.py"
+        path.write_text(text)
+    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
+    return measure_once(scenario, f"fused_moe/{candidate}", path, {**settings, "timeout_s": 300}, REPO)

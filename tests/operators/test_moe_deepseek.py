@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from operator_helpers import measure_moe_candidate
 
 from kb_nano import operators
 from kb_nano.kernels.manifest import generate
@@ -112,7 +113,6 @@ def test_deepseek_v3_scenarios_make_the_groups_and_the_bias_choose(facts_of):
     assert (ids != chosen(bias * 0)).any(-1).float().mean() > 0.9
 
 
-SHIPPED = REPO / "candidates/fused_moe/sorted_experts.py"
 # the shipped candidate with one part of DeepSeek-V3's routing dropped: (old, new) lines
 BROKEN = {
     "no_groups": (
@@ -133,21 +133,13 @@ BROKEN = {
     [("sorted_experts", "passed"), ("no_groups", "incorrect"), ("no_bias", "incorrect"), ("softmax_only", "skipped")],
 )
 def test_a_candidate_ignoring_the_groups_or_the_bias_fails(tmp_path, candidate, status):
-    from kb_nano.kernels.measure import measure_once
 
     m = generate(["deepseek-v3"], [8], [16], "auto", REPO, targets=["fused_moe"])
     (scenario,) = m["scenarios"]
     # the real routing (256 experts in 8 groups, top-8, bias, scaling) on narrow experts
     scenario["init_args"].update(hidden_size=128, intermediate_size=128, shared_experts_intermediate_size=128)
     scenario["inputs"][0]["shape"] = [16, 128]
-    path = SHIPPED
-    if candidate in BROKEN:
-        old, new = BROKEN[candidate]
-        assert old in SHIPPED.read_text()
-        path = tmp_path / f"{candidate}.py"
-        path.write_text(SHIPPED.read_text().replace(old, new))
-    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
-    row = measure_once(scenario, f"fused_moe/{candidate}", path, {**settings, "timeout_s": 300}, REPO)
+    row = measure_moe_candidate(scenario, candidate, [BROKEN[candidate]] if candidate in BROKEN else None, tmp_path)
     assert row["status"] == status, row["error"]
     if status == "skipped":
         assert "supported_semantics" in row["error"] and "e_score_correction_bias" in row["error"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from operator_helpers import measure_moe_candidate
 
 from kb_nano import operators
 from kb_nano.kernels.manifest import generate
@@ -160,7 +161,6 @@ def test_gpt_oss_scenarios_shard_the_experts_and_reach_the_clamp():
     assert 0.05 < out.pow(2).mean().sqrt() < 0.3
 
 
-SHIPPED = REPO / "candidates/fused_moe/sorted_experts.py"
 # the shipped candidate with one part of gpt-oss's experts dropped: (old, new) lines
 BROKEN = {
     "no_clamp": ("gate = gate_up[..., ::2].clamp(max=limit)", "gate = gate_up[..., ::2]"),
@@ -195,7 +195,6 @@ BROKEN = {
     ],
 )
 def test_a_candidate_without_the_clamp_the_biases_or_the_interleaving_fails(tmp_path, candidate, status):
-    from kb_nano.kernels.measure import measure_once
 
     m = generate(["gpt-oss-20b"], [4], [16], "auto", REPO, targets=["fused_moe"])
     (scenario,) = m["scenarios"]
@@ -203,14 +202,7 @@ def test_a_candidate_without_the_clamp_the_biases_or_the_interleaving_fails(tmp_
     # weights' init as the scenario has them
     scenario["init_args"].update(hidden_size=256, intermediate_size=512)
     scenario["inputs"][0]["shape"] = [16, 256]
-    path = SHIPPED
-    if candidate in BROKEN:
-        old, new = BROKEN[candidate]
-        assert old in SHIPPED.read_text()
-        path = tmp_path / f"{candidate}.py"
-        path.write_text(SHIPPED.read_text().replace(old, new))
-    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
-    row = measure_once(scenario, f"fused_moe/{candidate}", path, {**settings, "timeout_s": 300}, REPO)
+    row = measure_moe_candidate(scenario, candidate, [BROKEN[candidate]] if candidate in BROKEN else None, tmp_path)
     assert row["status"] == status, row["error"]
     if status == "skipped":
         assert "supported_semantics" in row["error"] and "gpt_oss" in row["error"]

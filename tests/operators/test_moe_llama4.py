@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from operator_helpers import measure_moe_candidate
 
 from kb_nano.kernels.manifest import generate
 from kb_nano.operators.base import TOLERANCES
@@ -97,7 +98,6 @@ def test_llama4_scenarios_shard_the_experts_and_the_shared_expert():
         FusedMoE(**{**args, "top_k": 2})
 
 
-SHIPPED = REPO / "candidates/fused_moe/sorted_experts.py"
 # the shipped candidate with one part of Llama-4's block changed: [(old, new) lines]
 BROKEN = {
     "weight_on_output": [
@@ -130,23 +130,13 @@ BROKEN = {
     ],
 )
 def test_a_candidate_scaling_the_output_or_routing_by_softmax_fails(tmp_path, candidate, status):
-    from kb_nano.kernels.measure import measure_once
 
     m = generate(["llama4-scout"], [8], [16], "auto", REPO, targets=["fused_moe"])
     (scenario,) = m["scenarios"]
     # the real routing (16 experts, top-1, shared expert) on narrow experts
     scenario["init_args"].update(hidden_size=256, intermediate_size=512, shared_experts_intermediate_size=512)
     scenario["inputs"][0]["shape"] = [16, 256]
-    path = SHIPPED
-    if candidate in BROKEN:
-        text = SHIPPED.read_text()
-        for old, new in BROKEN[candidate]:
-            assert old in text
-            text = text.replace(old, new)
-        path = tmp_path / f"{candidate}.py"
-        path.write_text(text)
-    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
-    row = measure_once(scenario, f"fused_moe/{candidate}", path, {**settings, "timeout_s": 300}, REPO)
+    row = measure_moe_candidate(scenario, candidate, BROKEN.get(candidate), tmp_path)
     assert row["status"] == status, row["error"]
     if status == "skipped":
         assert "supported_semantics" in row["error"] and "llama4" in row["error"]
