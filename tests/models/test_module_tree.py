@@ -275,10 +275,12 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
         "swiglu_limit": 7.0,
     }
     assert m["models"]["gpt-oss-20b"]["mlp_blocks"]["moe"]["experts"]["act"] == "swigluoai"
-    # Llama-4: its rotation is its own; its MoE block is measured with its own semantics (the
-    # top-1 sigmoid weight on the expert's input, the shared expert), silu_and_mul as its experts'
-    # activation
-    assert "rotates q and k its own way" in reason("rotary_embedding__llama4-scout__tp1__n4")
+    # Llama-4: its rotation by interleaved pairs (vLLM is_neox_style=False); its MoE block is
+    # measured with its own semantics (the top-1 sigmoid weight on the expert's input, the shared
+    # expert), silu_and_mul as its experts' activation
+    pairs = rows["rotary_embedding__llama4-scout__tp1__n4__interleaved"]
+    assert pairs["semantics"] == "interleaved" and pairs["init_args"]["is_neox_style"] is False
+    assert shapes(pairs["scenario_id"]) == [[4], [4, 40 * 128], [4, 8 * 128]]
     # rotary: gpt-oss's yarn and Phi-3.5-MoE's longrope are measured with their scaling;
     # Gemma-3's per-layer-type rope is one kind per layer type; DeepSeek-V3's MLA is not covered
     assert rows["rotary_embedding__gpt-oss-20b__tp1__n4"]["init_args"]["rope_scaling"]["rope_type"] == "yarn"

@@ -18,8 +18,8 @@ Per-head q/k norms (``qk_norm``: Qwen3, Gemma-3) are read the same
 way as the hidden-size norm; each layer's feed-forward block gives the dense MLPs (width,
 activation) and the MoE block, covered only for the classes the ``fused_moe`` baseline is
 tested equal to (:mod:`kb_nano.models.ffn_tree`). The attention's rotation of q and k
-(``rotary_embedding``) is probed on its modeling file's ``apply_rotary_pos_emb``: by
-halves (measured) or some other way.
+(``rotary_embedding``) is probed on its modeling file's ``apply_rotary_pos_emb`` (and
+``apply_rotary_emb``): by halves or by interleaved pairs (both measured) or some other way.
 """
 
 from __future__ import annotations
@@ -69,11 +69,12 @@ def rotary(lm: torch.nn.Module) -> dict | None:
     ``apply_rotary_pos_emb`` of that module's modeling file computes the half-split
     rotation (transformers' ``rotate_half`` form, or gpt-oss's halves; vLLM's
     ``is_neox_style``), which the ``rotary_embedding`` baseline computes; it is probed on
-    random CPU rows (:func:`rotates_halves`). ``reason`` (a ``not covered: ...`` line, else
-    None) for a model that rotates its own way (Llama-4: interleaved pairs as complex
-    numbers) or whose attention is multi-head latent attention (DeepSeek-V3: the rotated
-    key is one head shared by all query heads, ``qk_rope_head_dim`` wide). None when no
-    attention module is found."""
+    random CPU rows (:func:`rotates_halves`); False with ``reason`` None when it rotates
+    interleaved pairs (:func:`rotates_pairs`; Llama-4's pairs as complex numbers; vLLM
+    ``is_neox_style=False``). ``reason`` (a ``not covered: ...`` line, else None) for a model
+    that rotates some other way or whose attention is multi-head latent attention
+    (DeepSeek-V3: the rotated key is one head shared by all query heads,
+    ``qk_rope_head_dim`` wide). None when no attention module is found."""
     import sys
 
     for name, module in lm.named_modules():
@@ -86,10 +87,62 @@ def rotary(lm: torch.nn.Module) -> dict | None:
                 "query head and one key head shared by all of them)"
             )
             return {"module": where, "neox": False, "reason": reason}
-        neox = rotates_halves(getattr(sys.modules.get(where), "apply_rotary_pos_emb", None))
-        reason = None if neox else f"not covered: {where} rotates q and k its own way (not by halves)"
+        modeling = sys.modules.get(where)
+        neox = rotates_halves(getattr(modeling, "apply_rotary_pos_emb", None))
+        pairs = not neox and rotates_pairs(modeling)
+        reason = (
+            None if neox or pairs else f"not covered: {where} rotates q and k its own way (neither halves nor pairs)"
+        )
         return {"module": where, "neox": neox, "reason": reason}
     return None
+
+
+def _probe_rows(width: int = 8):
+    """Random float64 q/k ``[1, 2, 3, width]`` and angles ``[1, 3, width / 2]`` for the probes."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 3, width, generator=gen, dtype=torch.float64) for _ in range(2))
+    angles = torch.rand(1, 3, width // 2, generator=gen, dtype=torch.float64) * 6
+    return q, k, angles
+
+
+def rotates_pairs(modeling) -> bool:
+    """Whether the modeling module ``modeling`` rotates interleaved pairs ``(x[2i],
+    x[2i+1])`` of each head (GPT-J style; vLLM ``is_neox_style=False``): its
+    ``apply_rotary_emb(xq, xk, freqs_cis)`` (Llama-4: q/k ``[batch, seq, heads, dim]``,
+    ``freqs_cis`` complex ``[batch, seq, dim / 2]``) or its ``apply_rotary_pos_emb(q, k,
+    cos, sin)`` given cos/sin repeated per pair (``[batch, seq, dim]``, each angle twice in
+    a row) computes ``(x1 * cos - x2 * sin, x2 * cos + x1 * sin)`` on the pairs ``x1 =
+    x[..., ::2], x2 = x[..., 1::2]``, put back in place. Probed on random float64 rows; False
+    for None or functions that take neither."""
+    if modeling is None:
+        return False
+    q, k, angles = _probe_rows()
+    cos, sin = angles.cos(), angles.sin()
+
+    def by_pairs(x, c, s):  # x [..., dim]; c, s broadcast to [..., dim / 2]
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+
+    probes = []
+    complex_apply = getattr(modeling, "apply_rotary_emb", None)
+    if complex_apply is not None:
+        qs, ks = q.transpose(1, 2), k.transpose(1, 2)  # [batch, seq, heads, dim]
+        freqs_cis = torch.polar(torch.ones_like(angles), angles)
+        c, s = cos[:, :, None], sin[:, :, None]
+        probes.append((lambda: complex_apply(qs, ks, freqs_cis), (by_pairs(qs, c, s), by_pairs(ks, c, s))))
+    real_apply = getattr(modeling, "apply_rotary_pos_emb", None)
+    if real_apply is not None:
+        rc, rs = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+        c, s = cos[:, None], sin[:, None]
+        probes.append((lambda: real_apply(q, k, rc, rs), (by_pairs(q, c, s), by_pairs(k, c, s))))
+    for call, want in probes:
+        try:
+            got = call()
+        except (RuntimeError, TypeError, ValueError):
+            continue
+        if all(torch.allclose(g.to(torch.float64), w) for g, w in zip(got, want, strict=True)):
+            return True
+    return False
 
 
 def rotates_halves(apply) -> bool:
@@ -100,9 +153,7 @@ def rotates_halves(apply) -> bool:
     False for None or a function that takes neither."""
     if apply is None:
         return False
-    gen = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(1, 2, 3, 8, generator=gen, dtype=torch.float64) for _ in range(2))
-    angles = torch.rand(1, 3, 4, generator=gen, dtype=torch.float64) * 6
+    q, k, angles = _probe_rows()
     cos, sin = angles.cos(), angles.sin()
 
     def by_halves(x):

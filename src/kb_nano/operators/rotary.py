@@ -289,16 +289,24 @@ def _init_args(facts: dict, tp: int) -> dict:
     turn = facts.get("rotary")  # the model's own rotation (module tree)
     if turn is not None and turn.get("reason"):
         raise NotApplicable(turn["reason"])
+    neox = turn is None or turn["neox"]
     head_dim = facts["head_dim"]
     return {
         "head_size": head_dim,
         "rotary_dim": int(head_dim * facts["partial_rotary_factor"]),
         "max_position_embeddings": facts["max_position_embeddings"],
         "base": float(rope["rope_theta"]),
-        "is_neox_style": True,
+        "is_neox_style": neox,
         "dtype": facts["dtype"],
         "rope_scaling": None if rope_type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"},
     }
+
+
+def _semantics(facts: dict) -> str:
+    """``interleaved`` when the model's attention rotates interleaved pairs (the module
+    tree's ``rotary`` with ``neox`` False and no reason: Llama-4), else ``""``."""
+    turn = facts.get("rotary")
+    return "interleaved" if turn is not None and not turn["neox"] and not turn.get("reason") else ""
 
 
 def _inputs(args, facts, tp, num_tokens, dtype):
@@ -335,5 +343,6 @@ OPERATORS = {
         tolerance=dict(TOLERANCES["rotary"]),
         reads_module_tree=True,
         layer_kinds=_layer_kinds,
+        semantics=_semantics,
     ),
 }
