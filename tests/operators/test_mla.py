@@ -65,17 +65,25 @@ def _baseline(module) -> Attention:
 
 
 TOL = {torch.float32: (2e-5, 1e-4), torch.float64: (1e-10, 1e-10)}
+# the hidden states: random, x 8 (the rotary part of the logits, which no norm bounds, makes
+# the softmax nearly one-hot) and with all-zero rows (zero latents: keys of logit 0)
+EDGES = {
+    "random": lambda t: t,
+    "large": lambda t: t * 8,
+    "zero_rows": lambda t: t.index_fill(-2, torch.tensor([0, 4]), 0),
+}
 
 
+@pytest.mark.parametrize("edge", list(EDGES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("interleave", [True, False], ids=["interleaved_rope", "half_rope"])
-def test_mla_prefill_equals_transformers_deepseek_v3_attention(dtype, interleave):
+def test_mla_prefill_equals_transformers_deepseek_v3_attention(dtype, interleave, edge):
     module, rotary = _small_deepseek_attention(dtype, interleave)
     # the yarn scale: (P + R)^-0.5 * (0.1 * ln(40) + 1)^2, not the plain head scale
     assert module.scaling == pytest.approx((P + R) ** -0.5 * (0.1 * torch.log(torch.tensor(40.0)).item() + 1) ** 2)
     n = 11
     gen = torch.Generator().manual_seed(1)
-    hidden = torch.randn(1, n, 64, generator=gen).to(dtype)
+    hidden = EDGES[edge](torch.randn(1, n, 64, generator=gen)).to(dtype)
     cos, sin = (t.to(dtype) for t in rotary(hidden, torch.arange(n)[None]))
     causal = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None]
     with torch.no_grad():
@@ -90,9 +98,10 @@ def test_mla_prefill_equals_transformers_deepseek_v3_attention(dtype, interleave
         torch.testing.assert_close(module.o_proj(out)[None], ref, atol=TOL[dtype][0], rtol=TOL[dtype][1])
 
 
+@pytest.mark.parametrize("edge", list(EDGES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("interleave", [True, False], ids=["interleaved_rope", "half_rope"])
-def test_mla_absorbed_decode_equals_transformers_deepseek_v3_attention_with_a_cache(dtype, interleave):
+def test_mla_absorbed_decode_equals_transformers_deepseek_v3_attention_with_a_cache(dtype, interleave, edge):
     """Each of B sequences is prefilled with C tokens into a transformers cache, then
     decodes one token; the baseline's absorbed decode over the latent cache of C + 1 tokens
     (W_UK folded into the query, W_UV applied to its output) gives the same output."""
@@ -101,7 +110,7 @@ def test_mla_absorbed_decode_equals_transformers_deepseek_v3_attention_with_a_ca
     module, rotary = _small_deepseek_attention(dtype, interleave)
     b, ctx = 3, 9
     gen = torch.Generator().manual_seed(2)
-    hidden = torch.randn(b, ctx + 1, 64, generator=gen).to(dtype)
+    hidden = EDGES[edge](torch.randn(b, ctx + 1, 64, generator=gen)).to(dtype)
     cos, sin = (t.to(dtype) for t in rotary(hidden, torch.arange(ctx + 1)[None].expand(b, -1)))
     causal = torch.full((ctx, ctx), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None]
     cache = DynamicCache()

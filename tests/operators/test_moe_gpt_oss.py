@@ -84,6 +84,35 @@ def test_gpt_oss_baseline_equals_transformers_gpt_oss_mlp(facts_of, dtype):
         assert not torch.allclose(ours(x.clone(), logits).float(), want.float(), atol=0.02, rtol=0.016)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpt_oss_baseline_equals_transformers_gpt_oss_mlp_on_edge_rows(facts_of, dtype):
+    """A zero hidden row (the router's bias alone routes it, the experts' biases alone reach
+    the output), rows x 4 (pre-activations far past the limit, a one-hot softmax) and
+    x 1e-3 (the clamp idle)."""
+    block, ours = _small(facts_of)
+    block, ours = block.to(dtype), ours.to(dtype)
+    x = torch.randn(12, 64, generator=torch.Generator().manual_seed(5)) * SWIGLU_INPUT_STD
+    x[0] = 0
+    x[1:4] *= 4
+    x[4:6] *= 1e-3
+    x = x.to(dtype)
+    with torch.no_grad():
+        logits = F.linear(x, block.router.weight, block.router.bias)
+        got_w, got_ids = ours.select_experts(logits)
+        want, got = block(x[None])[0][0], ours(x.clone(), logits)
+        want_ids = block.router(x)[2]
+    assert torch.equal(got_ids, want_ids)
+    assert got_w[1:4, 0].min() > 0.99 and got[0].abs().amax() > 0  # one-hot; the zero row's biases
+    # in units of each row's largest value: the large rows' outputs are far above the others'
+    scale = want.float().abs().amax(-1, keepdim=True).clamp(min=1e-3)
+    tol = (
+        dict(rtol=1e-5, atol=1e-5)
+        if dtype == torch.float32
+        else dict(zip(("atol", "rtol"), TOLERANCES["fused"]["bfloat16"]))
+    )
+    torch.testing.assert_close(got.float() / scale, want.float() / scale, **tol)
+
+
 def test_gpt_oss_tp_shards_sum_to_the_whole_with_w2_bias_on_rank_0():
     args = dict(num_experts=8, top_k=4, hidden_size=32, intermediate_size=48, has_bias=True, activation="swigluoai")
     full = FusedMoE(**args)

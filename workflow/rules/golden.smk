@@ -8,7 +8,12 @@ rule capture_golden:
         prompts="config/golden/prompts.yaml",
         code=[
             str(kbw.PACKAGE_DIR / f)
-            for f in ("models/golden.py", "operators/layers.py", "models/configs.py")
+            for f in (
+                "models/golden.py",
+                "models/ffn_tree.py",
+                "operators/layers.py",
+                "models/configs.py",
+            )
         ],
     output:
         directory("results/golden/{model}"),

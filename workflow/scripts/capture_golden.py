@@ -5,11 +5,11 @@ from kb_nano.interrupts import quiet_on_sigint
 quiet_on_sigint()  # first: a Ctrl-C while the rest imports ends quietly too
 
 import hashlib
-import json
 import sys
 from pathlib import Path
 
 from kb_nano.errors import KbNanoError
+from kb_nano.models.configs import ModelRef, config_fields
 from kb_nano.models.golden import capture
 
 with open(snakemake.log[0], "w") as log:
@@ -22,8 +22,10 @@ with open(snakemake.log[0], "w") as log:
             "config_sha256": hashlib.sha256(config_path.read_bytes()).hexdigest(),
         }
         weights = Path(snakemake.params.weights) if snakemake.params.weights else None
+        # the text decoder's fields of a multimodal file (Llama-4, Gemma-3), else the file's
+        ref = ModelRef(model, snakemake.params.hub_id, config_path)
         written = capture(
-            json.loads(config_path.read_text()),
+            config_fields(ref, Path(".")),
             meta,
             Path("."),
             Path(snakemake.output[0]),

@@ -71,6 +71,24 @@ PROBE_WIDTH = 64
 
 # a decoder layer's feed-forward child, by the names transformers' decoder layers give it
 FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe")
+# an MoE block's router child, by the names transformers' MoE blocks give it (Mixtral,
+# Qwen3-MoE, DeepSeek-V3: ``gate``; gpt-oss, Llama-4: ``router``)
+ROUTER_NAMES = ("gate", "router")
+
+
+def moe_router(block: torch.nn.Module) -> torch.nn.Module | None:
+    """The child of the MoE block ``block`` that computes its router logits: the first of
+    :data:`ROUTER_NAMES` with a 2-D ``weight`` ``[experts, hidden]`` (and an optional
+    ``bias`` ``[experts]``: the logits are ``F.linear(x, weight, bias)`` whatever the
+    router's forward returns); None for a block without experts or such a child."""
+    if not isinstance(getattr(block, "experts", None), torch.nn.Module):
+        return None
+    for name in ROUTER_NAMES:
+        router = getattr(block, name, None)
+        weight = getattr(router, "weight", None)
+        if isinstance(router, torch.nn.Module) and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            return router
+    return None
 
 
 def mlp_blocks(lm: torch.nn.Module) -> dict:

@@ -25,9 +25,14 @@ Qwen's; recorded as ``tokenization: utf8-bytes``). One forward pass over the bat
   against a KV cache holding tokens ``0..t-1``, so the same tensors give prefill inputs
   (first ``N`` tokens of one prompt) and decode inputs (key/value cache = the first ``C``
   keys/values, new token = position ``C``).
-- ``fused_moe``: per layer, the MoE block's ``hidden_states`` ``[P*L, hidden]`` (forward
-  pre-hook on the sparse MoE block) and its router's ``router_logits`` ``[P*L, experts]``
-  (forward hook on its ``gate``).
+- ``fused_moe``: per MoE layer, the MoE block's ``hidden_states`` ``[P*L, hidden]`` and the
+  ``router_logits`` ``[P*L, experts]`` that ``fused_moe`` takes, both in a forward pre-hook
+  on the block (a layer's ``mlp`` / ``feed_forward`` / ``block_sparse_moe`` with
+  ``experts``): the logits are ``F.linear(hidden_states, router.weight, router.bias)`` of
+  its router child (``gate``: Mixtral, Qwen3-MoE, DeepSeek-V3; ``router``: gpt-oss,
+  Llama-4; :func:`kb_nano.models.ffn_tree.moe_router`), in the model dtype, not the
+  router's return value, which differs per class (gpt-oss's and Llama-4's routers return
+  scores too, Llama-4's scores first).
 - ``sampler``: ``logits`` ``[P * SAMPLER_ROWS_PER_PROMPT, vocab]`` float32 of the last
   positions of every prompt (``logits_to_keep``), as vLLM's sampler receives them.
 
@@ -121,8 +126,12 @@ def tokenize(prompts: list[str], vocab_size: int, weights: Path | None):
     return ids, how
 
 
-def _build_model(config: dict, num_layers: int, weights: Path | None, dtype):
-    """The causal LM truncated to ``num_layers`` with the capturing attention function."""
+def build_model(config: dict, num_layers: int, weights: Path | None, dtype):
+    """The causal LM of ``config`` (config.json fields) truncated to ``num_layers`` decoder
+    layers, in ``dtype``, with the capturing attention function (registered by
+    :func:`capture`): the weights of ``weights`` (a local directory) or transformers' random
+    initialisation seeded with :data:`SEED`, so two builds are identical. Raises
+    ``KbNanoError`` when the weights do not load."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -166,10 +175,12 @@ def capture(
     Returns the written sidecar paths. Raises ``KbNanoError`` for bad prompts or weights.
     """
     import torch
+    import torch.nn.functional as F
     from safetensors.torch import save_file
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from kb_nano.models.ffn_tree import FFN_NAMES, moe_router
     from kb_nano.operators.base import DTYPES
     from kb_nano.operators.moe import is_moe
 
@@ -192,22 +203,22 @@ def capture(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register(CAPTURE_ATTENTION, capture_attention)
-    model = _build_model(config, layers, weights, dtype).eval()
+    model = build_model(config, layers, weights, dtype).eval()
     hooks = []
     for i, layer in enumerate(model.model.layers):
-        block = getattr(layer, "mlp", None)
-        if block is not None and hasattr(block, "gate") and hasattr(block, "experts"):
-            hidden = block.gate.weight.shape[-1] if hasattr(block.gate, "weight") else None
+        block = next((getattr(layer, n) for n in FFN_NAMES if hasattr(layer, n)), None)
+        router = moe_router(block) if block is not None else None
+        if router is not None:
 
-            def pre(mod, args, i=i, hidden=hidden):
-                x = args[0]
-                captured["fused_moe"][f"layer{i}.hidden_states"] = x.reshape(-1, hidden or x.shape[-1]).clone()
+            def pre(mod, args, i=i, router=router):
+                # the block's input, flattened to tokens, and its router's logits computed
+                # from it as fused_moe takes them (the routers' own outputs differ per class)
+                x = args[0].reshape(-1, router.weight.shape[-1])
+                moe = captured["fused_moe"]
+                moe[f"layer{i}.hidden_states"] = x.clone()
+                moe[f"layer{i}.router_logits"] = F.linear(x, router.weight, getattr(router, "bias", None)).clone()
 
-            def post(mod, args, out, i=i):
-                logits = out[0] if isinstance(out, tuple) else out
-                captured["fused_moe"][f"layer{i}.router_logits"] = logits.reshape(-1, logits.shape[-1]).clone()
-
-            hooks += [block.register_forward_pre_hook(pre), block.gate.register_forward_hook(post)]
+            hooks.append(block.register_forward_pre_hook(pre))
     with torch.inference_mode():
         out = model(input_ids=ids, logits_to_keep=SAMPLER_ROWS_PER_PROMPT, use_cache=False)
     for h in hooks:
@@ -237,7 +248,10 @@ def capture(
             if weights
             else f"random: transformers _init_weights of the config, torch seed {SEED}",
             "num_hidden_layers": {"captured": layers, "model": total_layers},
-            "layers": list(range(layers)) if target != "sampler" else None,
+            # the layers this file holds (fused_moe: the MoE layers only; DeepSeek-V3's first are dense)
+            "layers": sorted({int(k.split(".")[0].removeprefix("layer")) for k in tensors})
+            if target != "sampler"
+            else None,
             "prompts": {
                 "file": str(PROMPTS_FILE),
                 "sha256": prompts_sha,
