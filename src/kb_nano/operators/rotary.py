@@ -291,9 +291,12 @@ def _init_args(facts: dict, tp: int) -> dict:
         raise NotApplicable(turn["reason"])
     neox = turn is None or turn["neox"]
     head_dim = facts["head_dim"]
+    rotary_dim = int(head_dim * facts["partial_rotary_factor"])
+    if turn is not None and turn.get("head_size"):  # MLA: the rope slice of each head is all that turns
+        head_dim = rotary_dim = turn["head_size"]
     return {
         "head_size": head_dim,
-        "rotary_dim": int(head_dim * facts["partial_rotary_factor"]),
+        "rotary_dim": rotary_dim,
         "max_position_embeddings": facts["max_position_embeddings"],
         "base": float(rope["rope_theta"]),
         "is_neox_style": neox,
@@ -310,8 +313,14 @@ def _semantics(facts: dict) -> str:
 
 
 def _inputs(args, facts, tp, num_tokens, dtype):
+    """positions ``[N]`` and the rank's query ``[N, heads * head_size]`` and key ``[N,
+    kv_heads * head_size]``; with multi-head latent attention (the module tree's ``rotary``
+    with ``shared_key``: DeepSeek-V3) the query is each head's rope slice and the key is the
+    one rope head all heads share (vLLM's ``q_pe`` and ``k_pe``), ``[N, head_size]`` at
+    every TP."""
     heads = facts["num_attention_heads"] // tp
-    kv = kv_heads_per_rank(facts["num_key_value_heads"], tp)
+    shared = (facts.get("rotary") or {}).get("shared_key")
+    kv = 1 if shared else kv_heads_per_rank(facts["num_key_value_heads"], tp)
     d = args["head_size"]
     return [
         randint("positions", [num_tokens], 0, args["max_position_embeddings"]),
