@@ -124,7 +124,7 @@ class RotaryEmbedding(nn.Module):
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope_type {self.rope_type!r} not supported; supported: {SUPPORTED_ROPE_TYPES}")
         dtype = DTYPES[dtype] if isinstance(dtype, str) else (dtype or torch.get_default_dtype())
-        self.register_buffer("cos_sin_cache", self._compute_cos_sin_cache().to(dtype), persistent=False)
+        self.register_buffer("cos_sin_cache", self._compute_cos_sin_cache(dtype), persistent=False)
 
     def _field(self, name: str):
         if self.rope_scaling.get(name) is None:
@@ -221,17 +221,25 @@ class RotaryEmbedding(nn.Module):
             return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(orig))
         return 1.0
 
-    def _compute_cos_sin_cache(self) -> torch.Tensor:
+    def _compute_cos_sin_cache(self, dtype: torch.dtype, rows: int = 1 << 16) -> torch.Tensor:
+        """``[max_position_embeddings, rotary_dim]`` in ``dtype``: cos then sin of each
+        position's angles, computed in float32 (vLLM ``_compute_cos_sin_cache``, then
+        ``.to(dtype)``) ``rows`` positions at a time, so that a long context (Llama-4
+        Scout: 10485760 positions) needs the cache plus one chunk, not four float32 copies
+        of it; every element is the same as computed in one piece."""
         inv_freq = self._compute_inv_freq()
-        t = torch.arange(self.max_position_embeddings, dtype=torch.float)
-        if self.rope_type == "linear":
-            t = t / self._field("factor")
-        freqs = torch.einsum("i,j -> ij", t, inv_freq)
-        cos, sin = freqs.cos(), freqs.sin()
         scaling = self.attention_scaling()
-        if scaling != 1.0:
-            cos, sin = cos * scaling, sin * scaling
-        return torch.cat((cos, sin), dim=-1)
+        cache = torch.empty(self.max_position_embeddings, self.rotary_dim, dtype=dtype)
+        for start in range(0, self.max_position_embeddings, rows):
+            t = torch.arange(start, min(start + rows, self.max_position_embeddings), dtype=torch.float)
+            if self.rope_type == "linear":
+                t = t / self._field("factor")
+            freqs = torch.einsum("i,j -> ij", t, inv_freq)
+            cos, sin = freqs.cos(), freqs.sin()
+            if scaling != 1.0:
+                cos, sin = cos * scaling, sin * scaling
+            cache[start : start + len(t)] = torch.cat((cos, sin), dim=-1)
+        return cache
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
         positions = positions.flatten()
