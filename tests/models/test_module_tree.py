@@ -282,11 +282,12 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
     assert pairs["semantics"] == "interleaved" and pairs["init_args"]["is_neox_style"] is False
     assert shapes(pairs["scenario_id"]) == [[4], [4, 40 * 128], [4, 8 * 128]]
     # rotary: gpt-oss's yarn and Phi-3.5-MoE's longrope are measured with their scaling;
-    # Gemma-3's per-layer-type rope is one kind per layer type; DeepSeek-V3's MLA is not covered
+    # Gemma-3's per-layer-type rope is one kind per layer type; DeepSeek-V3's MLA turns the rope
+    # slice of each query head and one shared key head, by pairs
     assert rows["rotary_embedding__gpt-oss-20b__tp1__n4"]["init_args"]["rope_scaling"]["rope_type"] == "yarn"
     assert shapes("rotary_embedding__gpt-oss-20b__tp1__n4") == [[4], [4, 64 * 64], [4, 8 * 64]]
     assert rows["rotary_embedding__phi35-moe__tp1__n4"]["init_args"]["rope_scaling"]["rope_type"] == "longrope"
-    assert "multi-head latent attention" in reason("rotary_embedding__deepseek-v3__tp1__n4")
+    assert shapes("rotary_embedding__deepseek-v3__tp1__n4__interleaved") == [[4], [4, 128 * 64], [4, 64]]
     full = rows["rotary_embedding__gemma3-4b__tp1__n4__full"]["init_args"]
     assert full["rope_scaling"] == {"rope_type": "linear", "factor": 8.0} and full["base"] == 1e6
     assert rows["rotary_embedding__gemma3-4b__tp1__n4__sliding1024"]["init_args"]["base"] == 1e4

@@ -136,6 +136,21 @@ def test_rotary_cos_sin_cache_layout():
     assert ours.state_dict() == {}  # non-persistent: nothing to copy
 
 
+@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "linear", "factor": 4.0}])
+def test_rotary_cache_in_chunks_equals_one_piece(rope_scaling):
+    """The cache is filled a chunk of positions at a time (a 10M-position context in the
+    cache's size, not four float32 copies): every element equals the cache computed at once."""
+    ours = RotaryEmbedding(64, 64, 1000, 10000.0, True, "bfloat16", rope_scaling)
+    t = torch.arange(1000, dtype=torch.float)
+    if rope_scaling:
+        t = t / 4.0
+    freqs = torch.einsum("i,j -> ij", t, ours._compute_inv_freq())
+    whole = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(torch.bfloat16)
+    for rows in (7, 1000, 1 << 16):
+        assert torch.equal(ours._compute_cos_sin_cache(torch.bfloat16, rows=rows), whole)
+    assert torch.equal(ours.cos_sin_cache, whole)
+
+
 def test_rotary_partial_rotary_factor_matches_transformers(tmp_path):
     """transformers 5 keeps partial_rotary_factor in rope_parameters; facts must see it."""
     raw = json.loads((REPO / "config/models/meta-llama/Llama-3.2-1B-Instruct/config.json").read_text())

@@ -114,3 +114,58 @@ def test_interleaved_baseline_bf16_close_to_llama4(scout_facts):
     tol = operators.get("rotary_embedding").tolerance["bfloat16"]
     torch.testing.assert_close(q_out.float(), q_ref.float(), atol=tol[0], rtol=tol[1])
     torch.testing.assert_close(k_out.float(), k_ref.float(), atol=tol[0], rtol=tol[1])
+
+
+# --------------------------------------------------------------------------- MLA (DeepSeek-V3)
+
+DEEPSEEK_DIR = REPO / "config/models/deepseek-ai/DeepSeek-V3"
+
+
+@pytest.fixture(scope="module")
+def deepseek_facts(facts_of):
+    facts = facts_of("deepseek-v3", hf_config=True)
+    facts.update(module_tree.read(facts["hf_config"]))
+    return facts
+
+
+def test_mla_rotary_scenario_turns_the_rope_slice(deepseek_facts):
+    """DeepSeek-V3 turns the last 64 dims of each query head and one shared key head, by
+    pairs (``rope_interleave``), with its yarn frequencies; the key is one head at any TP."""
+    turn = deepseek_facts["rotary"]
+    assert turn["reason"] is None and turn["neox"] is False and turn["head_size"] == 64
+    op = operators.get("rotary_embedding")
+    assert op.semantics(deepseek_facts) == "interleaved"
+    for tp, heads in ((1, 128), (8, 16)):
+        args = op.init_args(deepseek_facts, tp)
+        assert (args["head_size"], args["rotary_dim"], args["is_neox_style"]) == (64, 64, False)
+        assert args["rope_scaling"]["rope_type"] == "yarn"
+        shapes = [s["shape"] for s in op.inputs(args, deepseek_facts, tp, 3, "bfloat16")]
+        assert shapes == [[3], [3, heads * 64], [3, 64]]
+
+
+def test_mla_rotary_baseline_equals_deepseek_v3(deepseek_facts):
+    """The baseline (vLLM's in-place pairs) equals transformers' ``DeepseekV3RotaryEmbedding``
+    + ``apply_rotary_pos_emb_interleave``, whose output gathers each pair's two results into
+    halves (the same rotation, dims permuted alike in q and k)."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    op = operators.get("rotary_embedding")
+    args = {**op.init_args(deepseek_facts, 8), "dtype": "float32"}
+    ours = RotaryEmbedding(**args)
+    hf = ds.DeepseekV3RotaryEmbedding(AutoConfig.from_pretrained(str(DEEPSEEK_DIR)))
+    torch.testing.assert_close(ours._compute_inv_freq(), hf.inv_freq, rtol=0, atol=0)
+    positions, q, k = (make_tensor(s, gen(7), "cpu") for s in op.inputs(args, deepseek_facts, 8, 6, "float32"))
+    positions[0], positions[1], positions[2] = 0, 4095, args["max_position_embeddings"] - 1
+    q[3] *= 100.0
+    with torch.no_grad():
+        q_out, k_out = ours(positions, q.clone(), k.clone())
+        q_rot, k_rot = q.view(1, 6, 16, 64).transpose(1, 2), k.view(1, 6, 1, 64).transpose(1, 2)
+        cos, sin = hf(q_rot, positions[None])
+        q_ref, k_ref = ds.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+
+    def gathered(x, heads):  # vLLM's in-place pairs -> transformers' halves
+        x = x.view(6, heads, 64)
+        return torch.cat((x[..., ::2], x[..., 1::2]), dim=-1).transpose(0, 1)[None]
+
+    torch.testing.assert_close(gathered(q_out, 16), q_ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(gathered(k_out, 1), k_ref, rtol=1e-5, atol=1e-4)

@@ -80,14 +80,10 @@ def rotary(lm: torch.nn.Module) -> dict | None:
     for name, module in lm.named_modules():
         if not name.endswith(".self_attn"):
             continue
-        where, cls = type(module).__module__, type(module).__name__
-        if hasattr(module, "kv_a_proj_with_mqa"):
-            reason = (
-                f"not covered: {cls} is multi-head latent attention (it rotates a slice of each "
-                "query head and one key head shared by all of them)"
-            )
-            return {"module": where, "neox": False, "reason": reason}
+        where = type(module).__module__
         modeling = sys.modules.get(where)
+        if hasattr(module, "kv_a_proj_with_mqa"):
+            return _mla_rotary(module, modeling)
         neox = rotates_halves(getattr(modeling, "apply_rotary_pos_emb", None))
         pairs = not neox and rotates_pairs(modeling)
         reason = (
@@ -95,6 +91,22 @@ def rotary(lm: torch.nn.Module) -> dict | None:
         )
         return {"module": where, "neox": neox, "reason": reason}
     return None
+
+
+def _mla_rotary(module: torch.nn.Module, modeling) -> dict:
+    """The rotation of a multi-head latent attention module (DeepSeek-V3): the last
+    ``qk_rope_head_dim`` of each query head and one key head shared by all of them, by
+    interleaved pairs when its config's ``rope_interleave`` (transformers'
+    ``apply_rotary_pos_emb_interleave``), else by halves; probed as :func:`rotary` probes.
+    Adds ``head_size`` (the rotated width) and ``shared_key`` (one key head) to its dict."""
+    where, cls = type(module).__module__, type(module).__name__
+    interleave = bool(getattr(getattr(module, "config", None), "rope_interleave", False))
+    name = "apply_rotary_pos_emb_interleave" if interleave else "apply_rotary_pos_emb"
+    apply = getattr(modeling, name, None)
+    neox = not interleave and rotates_halves(apply)
+    pairs = interleave and rotates_pairs(modeling, (name,))
+    reason = None if neox or pairs else f"not covered: {cls} rotates q and k its own way (neither halves nor pairs)"
+    return {"module": where, "neox": neox, "reason": reason, "head_size": module.qk_rope_head_dim, "shared_key": True}
 
 
 def _probe_rows(width: int = 8):
@@ -105,15 +117,19 @@ def _probe_rows(width: int = 8):
     return q, k, angles
 
 
-def rotates_pairs(modeling) -> bool:
+def rotates_pairs(modeling, names: tuple[str, ...] = ("apply_rotary_pos_emb",)) -> bool:
     """Whether the modeling module ``modeling`` rotates interleaved pairs ``(x[2i],
     x[2i+1])`` of each head (GPT-J style; vLLM ``is_neox_style=False``): its
     ``apply_rotary_emb(xq, xk, freqs_cis)`` (Llama-4: q/k ``[batch, seq, heads, dim]``,
-    ``freqs_cis`` complex ``[batch, seq, dim / 2]``) or its ``apply_rotary_pos_emb(q, k,
-    cos, sin)`` given cos/sin repeated per pair (``[batch, seq, dim]``, each angle twice in
-    a row) computes ``(x1 * cos - x2 * sin, x2 * cos + x1 * sin)`` on the pairs ``x1 =
-    x[..., ::2], x2 = x[..., 1::2]``, put back in place. Probed on random float64 rows; False
-    for None or functions that take neither."""
+    ``freqs_cis`` complex ``[batch, seq, dim / 2]``) or one of its functions ``names``
+    ``(q, k, cos, sin)`` given cos/sin either repeated per pair (each angle twice in a row:
+    Cohere) or as transformers' rotary modules give them (``cat(freqs, freqs)``: DeepSeek's
+    ``apply_rotary_pos_emb_interleave``), ``[batch, seq, dim]``, computes ``(x1 * cos - x2
+    * sin, x2 * cos + x1 * sin)`` on the pairs ``x1 = x[..., ::2], x2 = x[..., 1::2]``, put
+    back in place (vLLM's form) or gathered as ``cat(o1, o2)`` (DeepSeek's transformers form:
+    the same rotation with the output dims permuted alike in q and k, which ``q . k`` does
+    not see). Probed on random float64 rows; False for None or functions that take
+    neither."""
     if modeling is None:
         return False
     q, k, angles = _probe_rows()
@@ -130,18 +146,22 @@ def rotates_pairs(modeling) -> bool:
         freqs_cis = torch.polar(torch.ones_like(angles), angles)
         c, s = cos[:, :, None], sin[:, :, None]
         probes.append((lambda: complex_apply(qs, ks, freqs_cis), (by_pairs(qs, c, s), by_pairs(ks, c, s))))
-    real_apply = getattr(modeling, "apply_rotary_pos_emb", None)
-    if real_apply is not None:
-        rc, rs = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-        c, s = cos[:, None], sin[:, None]
-        probes.append((lambda: real_apply(q, k, rc, rs), (by_pairs(q, c, s), by_pairs(k, c, s))))
+    c, s = cos[:, None], sin[:, None]
+    want = (by_pairs(q, c, s), by_pairs(k, c, s))
+    layouts = [(cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1))]
+    layouts.append((torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)))
+    for name in names:
+        real_apply = getattr(modeling, name, None)
+        if real_apply is not None:
+            probes += [(lambda f=real_apply, lc=lc, ls=ls: f(q, k, lc, ls), want) for lc, ls in layouts]
     for call, want in probes:
         try:
             got = call()
         except (RuntimeError, TypeError, ValueError):
             continue
-        if all(torch.allclose(g.to(torch.float64), w) for g, w in zip(got, want, strict=True)):
-            return True
+        for form in (want, tuple(torch.cat((w[..., ::2], w[..., 1::2]), dim=-1) for w in want)):
+            if all(torch.allclose(g.to(torch.float64), w) for g, w in zip(got, form, strict=True)):
+                return True
     return False
 
 

@@ -124,7 +124,7 @@ class RotaryEmbedding(nn.Module):
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope_type {self.rope_type!r} not supported; supported: {SUPPORTED_ROPE_TYPES}")
         dtype = DTYPES[dtype] if isinstance(dtype, str) else (dtype or torch.get_default_dtype())
-        self.register_buffer("cos_sin_cache", self._compute_cos_sin_cache().to(dtype), persistent=False)
+        self.register_buffer("cos_sin_cache", self._compute_cos_sin_cache(dtype), persistent=False)
 
     def _field(self, name: str):
         if self.rope_scaling.get(name) is None:
@@ -221,17 +221,25 @@ class RotaryEmbedding(nn.Module):
             return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(orig))
         return 1.0
 
-    def _compute_cos_sin_cache(self) -> torch.Tensor:
+    def _compute_cos_sin_cache(self, dtype: torch.dtype, rows: int = 1 << 16) -> torch.Tensor:
+        """``[max_position_embeddings, rotary_dim]`` in ``dtype``: cos then sin of each
+        position's angles, computed in float32 (vLLM ``_compute_cos_sin_cache``, then
+        ``.to(dtype)``) ``rows`` positions at a time, so that a long context (Llama-4
+        Scout: 10485760 positions) needs the cache plus one chunk, not four float32 copies
+        of it; every element is the same as computed in one piece."""
         inv_freq = self._compute_inv_freq()
-        t = torch.arange(self.max_position_embeddings, dtype=torch.float)
-        if self.rope_type == "linear":
-            t = t / self._field("factor")
-        freqs = torch.einsum("i,j -> ij", t, inv_freq)
-        cos, sin = freqs.cos(), freqs.sin()
         scaling = self.attention_scaling()
-        if scaling != 1.0:
-            cos, sin = cos * scaling, sin * scaling
-        return torch.cat((cos, sin), dim=-1)
+        cache = torch.empty(self.max_position_embeddings, self.rotary_dim, dtype=dtype)
+        for start in range(0, self.max_position_embeddings, rows):
+            t = torch.arange(start, min(start + rows, self.max_position_embeddings), dtype=torch.float)
+            if self.rope_type == "linear":
+                t = t / self._field("factor")
+            freqs = torch.einsum("i,j -> ij", t, inv_freq)
+            cos, sin = freqs.cos(), freqs.sin()
+            if scaling != 1.0:
+                cos, sin = cos * scaling, sin * scaling
+            cache[start : start + len(t)] = torch.cat((cos, sin), dim=-1)
+        return cache
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
         positions = positions.flatten()
@@ -291,9 +299,12 @@ def _init_args(facts: dict, tp: int) -> dict:
         raise NotApplicable(turn["reason"])
     neox = turn is None or turn["neox"]
     head_dim = facts["head_dim"]
+    rotary_dim = int(head_dim * facts["partial_rotary_factor"])
+    if turn is not None and turn.get("head_size"):  # MLA: the rope slice of each head is all that turns
+        head_dim = rotary_dim = turn["head_size"]
     return {
         "head_size": head_dim,
-        "rotary_dim": int(head_dim * facts["partial_rotary_factor"]),
+        "rotary_dim": rotary_dim,
         "max_position_embeddings": facts["max_position_embeddings"],
         "base": float(rope["rope_theta"]),
         "is_neox_style": neox,
@@ -310,8 +321,14 @@ def _semantics(facts: dict) -> str:
 
 
 def _inputs(args, facts, tp, num_tokens, dtype):
+    """positions ``[N]`` and the rank's query ``[N, heads * head_size]`` and key ``[N,
+    kv_heads * head_size]``; with multi-head latent attention (the module tree's ``rotary``
+    with ``shared_key``: DeepSeek-V3) the query is each head's rope slice and the key is the
+    one rope head all heads share (vLLM's ``q_pe`` and ``k_pe``), ``[N, head_size]`` at
+    every TP."""
     heads = facts["num_attention_heads"] // tp
-    kv = kv_heads_per_rank(facts["num_key_value_heads"], tp)
+    shared = (facts.get("rotary") or {}).get("shared_key")
+    kv = 1 if shared else kv_heads_per_rank(facts["num_key_value_heads"], tp)
     d = args["head_size"]
     return [
         randint("positions", [num_tokens], 0, args["max_position_embeddings"]),
