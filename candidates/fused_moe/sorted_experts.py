@@ -14,7 +14,12 @@ SwiGLU runs on the interleaved gate/up columns; routing is the same renormalised
 top-k (equal to a softmax over the top-k logits).
 
 Llama-4 (``llama4`` semantics): the top-1 logit's sigmoid scales the rows of the expert's
-input (rounded to the model dtype) instead of its output; the shared expert as DeepSeek's."""
+input (rounded to the model dtype) instead of its output; the shared expert as DeepSeek's.
+
+Phi-3.5-MoE (``phimoe`` semantics): sparsemixer's two picks in the logits' dtype, the
+first expert's logit replaced by ``-inf`` for the second (ties to the lowest index, as
+``torch.max``); each weight a softmax over the logits within ``2 * jitter_eps`` (relative)
+of that pick, not renormalised."""
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +35,7 @@ class SortedExpertsMoE(nn.Module):
     Forward: hidden_states ``[N, hidden]``, router_logits ``[N, E]`` -> ``[N, hidden]``.
     """
 
-    supported_semantics = ("deepseek_v3", "gpt_oss", "llama4")
+    supported_semantics = ("deepseek_v3", "gpt_oss", "llama4", "phimoe")
 
     def __init__(
         self,
@@ -49,6 +54,8 @@ class SortedExpertsMoE(nn.Module):
         e_score_correction_bias=False,
         shared_experts_intermediate_size=0,
         apply_router_weight_on_input=False,
+        custom_routing_function=None,
+        jitter_eps=0.01,
         has_bias=False,
         tp_size=1,
         prefix="",
@@ -71,6 +78,9 @@ class SortedExpertsMoE(nn.Module):
             raise ValueError(f"grouped top-k with scoring_func {scoring_func!r} not implemented")
         if scoring_func not in ("softmax", "sigmoid"):
             raise ValueError(f"scoring_func {scoring_func!r} not implemented")
+        if custom_routing_function not in (None, "sparsemixer") or (custom_routing_function and top_k != 2):
+            raise ValueError(f"custom_routing_function {custom_routing_function!r} with top_k={top_k} not implemented")
+        self.sparsemixer = float(jitter_eps) if custom_routing_function else None
         self.groups = (num_expert_group, topk_group) if use_grouped_topk else None
         self.sigmoid_topk = scoring_func == "sigmoid" and not use_grouped_topk
         self.weight_on_input = apply_router_weight_on_input
@@ -87,6 +97,8 @@ class SortedExpertsMoE(nn.Module):
 
     def route(self, router_logits):
         """(weights fp32 [N, k], ids [N, k])."""
+        if self.sparsemixer is not None:
+            return self.sparsemixer_route(router_logits, self.sparsemixer)
         if self.sigmoid_topk:
             weights, ids = router_logits.float().topk(self.top_k, dim=-1)
             weights = weights.sigmoid()
@@ -107,6 +119,19 @@ class SortedExpertsMoE(nn.Module):
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * self.scale, ids
+
+    @staticmethod
+    def sparsemixer_route(logits, eps):
+        """Phi-3.5-MoE's two picks: (weights fp32 [N, 2], ids [N, 2])."""
+        magnitude = logits.abs()
+        picks, gates, scores = [], [], logits
+        for _ in range(2):
+            top, pick = scores.max(dim=-1, keepdim=True)
+            outside = (top - logits) / magnitude.clamp(min=top) > 2 * eps
+            gates.append(torch.softmax(scores.masked_fill(outside, float("-inf")), dim=-1).gather(-1, pick))
+            picks.append(pick)
+            scores = scores.scatter(-1, pick, float("-inf"))
+        return torch.cat(gates, dim=-1).float(), torch.cat(picks, dim=-1)
 
     def activation(self, gate_up):
         """SiLU-and-mul on the gate and up halves, or gpt-oss's clamped SwiGLU on

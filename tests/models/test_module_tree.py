@@ -296,8 +296,18 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
     assert llama4["init_args"]["apply_router_weight_on_input"] and llama4["init_args"]["scoring_func"] == "sigmoid"
     assert llama4["init_args"]["shared_experts_intermediate_size"] == 8192
     assert shapes("silu_and_mul__llama4-scout__tp1__n4") == [[4, 2 * 8192]]
-    # Phi-3.5-MoE normalises with LayerNorm
+    # Phi-3.5-MoE normalises with LayerNorm; its MoE block is measured with its own semantics
+    # (sparsemixer top-2 routing), silu_and_mul as its experts' activation
     assert reason("rms_norm__phi35-moe__tp1__n4").startswith("not covered: the model has no RMSNorm")
+    phi = rows["fused_moe__phi35-moe__tp1__n4__phimoe"]
+    assert phi["semantics"] == "phimoe" and shapes(phi["scenario_id"]) == [[4, 4096], [4, 16]]
+    assert {k: phi["init_args"][k] for k in ("custom_routing_function", "jitter_eps", "renormalize", "top_k")} == {
+        "custom_routing_function": "sparsemixer",
+        "jitter_eps": 0.01,
+        "renormalize": False,
+        "top_k": 2,
+    }
+    assert shapes("silu_and_mul__phi35-moe__tp1__n4") == [[8, 2 * 6400]]
     # Gemma-3 (multimodal file: its text decoder): gemma-form norms, sliding and full layers
     assert rows["qk_norm__gemma3-4b__tp1__n4__gemma"]["init_args"]["weight_offset"] == 1.0
     assert {"attention__gemma3-4b__tp1__n4__sliding1024", "attention__gemma3-4b__tp1__n4__full"} <= set(rows)

@@ -16,16 +16,18 @@ import torch
 # optional renormalisation and SiLU-gated experts (the standard form, ""); DeepSeek-V3's
 # grouped sigmoid top-k with a correction bias, scaling and shared experts ("deepseek_v3");
 # gpt-oss's softmax over the top-k logits and biased experts with the clamped SwiGLU ("gpt_oss");
-# Llama-4's sigmoid of the top-1 logit scaling the expert's input, plus a shared expert ("llama4")
+# Llama-4's sigmoid of the top-1 logit scaling the expert's input, plus a shared expert ("llama4");
+# Phi-3.5-MoE's sparsemixer top-2 routing (eval mode) and SiLU-gated experts ("phimoe")
 COVERED_MOE = {
     "MixtralSparseMoeBlock": "",
     "Qwen3MoeSparseMoeBlock": "",
     "DeepseekV3MoE": "deepseek_v3",
     "GptOssMLP": "gpt_oss",
     "Llama4TextMoe": "llama4",
+    "PhimoeSparseMoeBlock": "phimoe",
 }
 # the experts' activation each semantics computes (:func:`experts_facts`' ``act``)
-SEMANTICS_ACT = {"": "silu", "deepseek_v3": "silu", "gpt_oss": "swigluoai", "llama4": "silu"}
+SEMANTICS_ACT = {"": "silu", "deepseek_v3": "silu", "gpt_oss": "swigluoai", "llama4": "silu", "phimoe": "silu"}
 
 
 def activation_name(module: torch.nn.Module) -> str | None:
@@ -72,7 +74,7 @@ PROBE_WIDTH = 64
 # a decoder layer's feed-forward child, by the names transformers' decoder layers give it
 FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe")
 # an MoE block's router child, by the names transformers' MoE blocks give it (Mixtral,
-# Qwen3-MoE, DeepSeek-V3: ``gate``; gpt-oss, Llama-4: ``router``)
+# Qwen3-MoE, DeepSeek-V3: ``gate``; gpt-oss, Llama-4, Phi-3.5-MoE: ``router``)
 ROUTER_NAMES = ("gate", "router")
 
 

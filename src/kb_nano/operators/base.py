@@ -102,6 +102,8 @@ SEMANTICS = {
     "limit 7; vLLM swigluoai), routed by a softmax over the top-k logits (gpt-oss MLPBlock)",
     "llama4": "MoE routes each token to its top-1 expert, whose input (not output) is scaled by the sigmoid of "
     "that logit, and adds a shared expert (vLLM Llama4MoE)",
+    "phimoe": "MoE routes each token to 2 experts by sparsemixer in eval mode (each weight a softmax over the "
+    "logits within 2 * jitter_eps relative of that pick; not renormalised; vLLM phimoe_routing_function)",
     "interleaved": "rotary_embedding rotates interleaved pairs (x[2i], x[2i+1]) of each head, not its halves "
     "(vLLM is_neox_style=False; Llama-4)",
     "mla": "attention is multi-head latent attention: prefill on decompressed q/k/v, decode absorbed over the "

@@ -1,5 +1,5 @@
 """L2 ``fused_moe`` baseline (vLLM ``FusedMoE``), per TP rank: Mixtral, Qwen3-MoE, DeepSeek-V3,
-gpt-oss, Llama-4.
+gpt-oss, Llama-4, Phi-3.5-MoE.
 
 ``forward(hidden_states, router_logits)``: softmax of the router logits in fp32, top-k
 experts per token, renormalised to sum 1 when ``renormalize`` (vLLM ``fused_topk``;
@@ -72,6 +72,13 @@ expert's input, its output is not scaled again; the shared expert (``Llama4TextM
 width ``intermediate_size``, SiLU-gated: :class:`kb_nano.operators.moe_parts.SharedExperts`)
 is added. Since SiLU is not linear, scaling the output instead changes it.
 
+Phi-3.5-MoE (``PhimoeSparseMoeBlock``; semantics ``phimoe``), as vLLM's ``PhiMoE`` runs it
+(``FusedMoE`` with ``custom_routing_function=phimoe_routing_function``,
+``renormalize=False``): top-2 routing by :func:`kb_nano.operators.moe_parts.sparsemixer` in
+eval mode (no noise) with ``jitter_eps`` = the config's ``router_jitter_noise``, computed in
+the logits' dtype, the weights not renormalised; the experts as Mixtral's (SiLU-and-mul,
+gate rows then up rows), weighted after ``w2``.
+
 The bias is stored in the model dtype (every parameter of a baseline is cast to the
 scenario dtype; vLLM keeps it in fp32) and drawn from N(0, :data:`SCORE_BIAS_STD`^2) with
 the other weights; the router logits are N(0, 1): then the expert groups change the chosen
@@ -114,7 +121,7 @@ from kb_nano.operators.base import (
     shard,
 )
 from kb_nano.operators.moe_args import SEMANTICS_ARGS, moe_semantics
-from kb_nano.operators.moe_parts import SCORING_FUNCS, SharedExperts, fused_topk, grouped_topk, swiglu_oai
+from kb_nano.operators.moe_parts import SCORING_FUNCS, SharedExperts, fused_topk, grouped_topk, sparsemixer, swiglu_oai
 
 # std of the e_score_correction_bias the baseline draws (DeepSeek-V3; see the module docstring)
 SCORE_BIAS_STD = 0.05
@@ -123,6 +130,7 @@ SCORE_BIAS_STD = 0.05
 SWIGLU_INPUT_STD = 6.0
 SWIGLU_W2_SCALE = 30.0
 ACTIVATIONS = ("silu", "swigluoai")
+ROUTING_FUNCTIONS = (None, "sparsemixer")
 
 # Architectures whose decoder MLPs are mixtures of experts (used when the expert fields of
 # config.json are not at hand, e.g. `kernels --map`).
@@ -165,6 +173,9 @@ class FusedMoE(nn.Module):
             token (0: none; vLLM ``SharedFusedMoE`` takes the ``shared_experts`` module).
         apply_router_weight_on_input: multiply each token's input to its expert by the
             routing weight, not the expert's output (vLLM's flag; Llama-4; top_k 1 only).
+        custom_routing_function: the name of a routing function replacing ``fused_topk``
+            (vLLM takes the function): ``sparsemixer`` (Phi-3.5-MoE; top_k 2, no renormalisation).
+        jitter_eps: sparsemixer's threshold parameter (the config's ``router_jitter_noise``).
         has_bias: the experts have biases ``w13_bias`` and ``w2_bias`` (vLLM's flag; gpt-oss).
         tp_size: TP degree (kb-nano addition).
         prefix: layer name (unused).
@@ -180,8 +191,9 @@ class FusedMoE(nn.Module):
     ``[2 * Is/tp, hidden]`` and ``shared_experts.down_proj.weight`` ``[hidden, Is/tp]``; with
     ``has_bias`` ``w13_bias`` ``[E, 2 * I/tp]`` and ``w2_bias`` ``[E, hidden]``.
     Raises ``ValueError`` for another activation or scoring function, a TP that does not
-    divide a width, grouped top-k without groups that divide ``E``, or the routing weight on
-    the input with ``top_k`` > 1.
+    divide a width, grouped top-k without groups that divide ``E``, the routing weight on
+    the input with ``top_k`` > 1, or another routing function, or sparsemixer with ``top_k``
+    other than 2, renormalisation or grouped top-k.
     """
 
     def __init__(
@@ -201,6 +213,8 @@ class FusedMoE(nn.Module):
         e_score_correction_bias: bool = False,
         shared_experts_intermediate_size: int = 0,
         apply_router_weight_on_input: bool = False,
+        custom_routing_function: str | None = None,
+        jitter_eps: float = 0.01,
         has_bias: bool = False,
         tp_size: int = 1,
         prefix: str = "",
@@ -217,6 +231,15 @@ class FusedMoE(nn.Module):
             raise ValueError(f"scoring_func {scoring_func!r} not supported; supported: {', '.join(SCORING_FUNCS)}")
         if apply_router_weight_on_input and top_k != 1:
             raise ValueError(f"apply_router_weight_on_input needs top_k=1, not {top_k} (as vLLM)")
+        if custom_routing_function not in ROUTING_FUNCTIONS:
+            raise ValueError(
+                f"custom_routing_function {custom_routing_function!r} not supported; supported: sparsemixer"
+            )
+        if custom_routing_function and (top_k != 2 or renormalize or use_grouped_topk):
+            raise ValueError(
+                f"sparsemixer routes top_k=2 without renormalize or grouped top-k (as vLLM), not top_k={top_k}, "
+                f"renormalize={renormalize}, use_grouped_topk={use_grouped_topk}"
+            )
         if use_grouped_topk and (not num_expert_group or not topk_group or num_experts % num_expert_group):
             raise ValueError(
                 f"grouped top-k: num_expert_group={num_expert_group} must divide num_experts={num_experts}"
@@ -230,6 +253,7 @@ class FusedMoE(nn.Module):
         self.grouping = (num_expert_group, topk_group, scoring_func) if use_grouped_topk else None
         self.scoring_func = scoring_func
         self.apply_router_weight_on_input = apply_router_weight_on_input
+        self.custom_routing_function, self.jitter_eps = custom_routing_function, float(jitter_eps)
         self.routed_scaling_factor = float(routed_scaling_factor)
         self.swiglu = (float(swiglu_alpha), float(swiglu_limit)) if activation == "swigluoai" else None
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * shard_size, hidden_size, dtype=dtype))
@@ -255,7 +279,10 @@ class FusedMoE(nn.Module):
 
     def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(topk_weights fp32 [N, k], topk_ids int64 [N, k])``: vLLM ``fused_topk``, or
-        ``grouped_topk`` (without the scaling factor, applied to the output in ``forward``)."""
+        ``grouped_topk`` (without the scaling factor, applied to the output in ``forward``), or
+        ``sparsemixer``."""
+        if self.custom_routing_function == "sparsemixer":
+            return sparsemixer(router_logits, self.jitter_eps)
         if self.grouping is None:
             return fused_topk(router_logits, self.top_k, self.renormalize, self.scoring_func)
         groups, keep, scoring = self.grouping

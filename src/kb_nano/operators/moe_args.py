@@ -12,7 +12,8 @@ from kb_nano.operators.base import NotApplicable, config_field, shard
 
 def moe_semantics(facts: dict) -> str:
     """The semantics of the model's MoE block from its module tree (``deepseek_v3`` for
-    ``DeepseekV3MoE``, ``gpt_oss`` for ``GptOssMLP``, ``llama4`` for ``Llama4TextMoe``: :data:`kb_nano.models.ffn_tree.COVERED_MOE`), ``""`` otherwise."""
+    ``DeepseekV3MoE``, ``gpt_oss`` for ``GptOssMLP``, ``llama4`` for ``Llama4TextMoe``, ``phimoe``
+    for ``PhimoeSparseMoeBlock``: :data:`kb_nano.models.ffn_tree.COVERED_MOE`), ``""`` otherwise."""
     return (((facts.get("mlp_blocks") or {}).get("moe")) or {}).get("semantics") or ""
 
 
@@ -73,5 +74,33 @@ def llama4_args(facts: dict, tp: int) -> dict:
     }
 
 
+# the jitter_eps vLLM's phimoe_routing_function always routes with (it does not read the config)
+VLLM_PHIMOE_JITTER_EPS = 0.01
+
+
+def phimoe_args(facts: dict, tp: int) -> dict:
+    """Phi-3.5-MoE's sparsemixer top-2 routing (eval mode, not renormalised) with the config's
+    ``router_jitter_noise`` as ``jitter_eps``. Raises ``NotApplicable`` for top-k other than 2
+    (sparsemixer always routes to 2 experts; vLLM asserts it) or a ``router_jitter_noise``
+    other than the 0.01 vLLM's routing function uses whatever the config says."""
+    top_k = int(config_field(facts, "num_experts_per_tok"))
+    if top_k != 2:
+        raise NotApplicable(
+            f"not covered: PhimoeSparseMoeBlock with num_experts_per_tok={top_k} (sparsemixer is top-2)"
+        )
+    eps = float(config_field(facts, "router_jitter_noise", default=VLLM_PHIMOE_JITTER_EPS))
+    if eps != VLLM_PHIMOE_JITTER_EPS:
+        raise NotApplicable(
+            f"not covered: PhimoeSparseMoeBlock with router_jitter_noise={eps} (transformers routes with it, "
+            f"vLLM's phimoe_routing_function with {VLLM_PHIMOE_JITTER_EPS}: they differ)"
+        )
+    return {"renormalize": False, "custom_routing_function": "sparsemixer", "jitter_eps": eps}
+
+
 # semantics -> its extra init_args
-SEMANTICS_ARGS = {"deepseek_v3": deepseek_v3_args, "gpt_oss": gpt_oss_args, "llama4": llama4_args}
+SEMANTICS_ARGS = {
+    "deepseek_v3": deepseek_v3_args,
+    "gpt_oss": gpt_oss_args,
+    "llama4": llama4_args,
+    "phimoe": phimoe_args,
+}

@@ -13,6 +13,8 @@ shared experts some models add to every token.
   (DeepSeek-V3's ``topk_method: noaux_tc``) the bias is added to the scores for the choice
   of groups (each group's score: the sum of its two best biased scores) and of experts
   only; the weights come from the unbiased scores.
+- :func:`sparsemixer`: Phi-3.5-MoE's top-2 routing in eval mode (vLLM's
+  ``phimoe_routing_function``; transformers ``sparsemixer`` with ``training=False``).
 - :func:`swiglu_oai`: gpt-oss's experts' activation, the clamped SwiGLU on interleaved
   gate/up columns (vLLM ``SwigluOAIAndMul``, the ``swigluoai`` activation of its fused MoE;
   transformers ``GptOssExperts._apply_gate``).
@@ -92,6 +94,30 @@ def grouped_topk(
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
     return topk_weights * routed_scaling_factor, topk_ids
+
+
+def sparsemixer(router_logits: torch.Tensor, jitter_eps: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-3.5-MoE's top-2 routing in eval mode (vLLM ``phimoe_routing_function``;
+    transformers ``sparsemixer(training=False)``), computed in the logits' dtype as both do.
+    First expert: the row's maximum ``m`` (``torch.max``: a tie goes to the lowest index);
+    its weight is its softmax over the experts whose logit ``s`` is within
+    ``(m - s) / max(|s|, m) <= 2 * jitter_eps`` of it (a ``0 / 0`` counts as within). Second
+    expert: the same on the row with the first expert's logit set to ``-inf`` (the threshold
+    is the new maximum; the denominator still ``max(|s|, threshold)`` of the original
+    logits). The weights are not renormalised and need not sum to 1. router_logits
+    ``[N, E]`` (``E`` >= 2) -> ``(weights fp32 [N, 2], ids int64 [N, 2])``."""
+    scores = router_logits
+    weights, ids = [], []
+    for step in range(2):
+        if step:  # the first expert out of the choice
+            scores = torch.scatter(router_logits, -1, ids[0], float("-inf"))
+        threshold, best = scores.max(dim=-1, keepdim=True)
+        factor = router_logits.abs().clamp(min=threshold)
+        far = ((threshold - router_logits) / factor) > (2 * jitter_eps)
+        gates = torch.softmax(scores.masked_fill(far, float("-inf")), dim=-1)
+        weights.append(gates.gather(dim=-1, index=best))
+        ids.append(best)
+    return torch.cat(weights, dim=-1).float(), torch.cat(ids, dim=-1)
 
 
 def swiglu_oai(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
