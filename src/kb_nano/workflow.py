@@ -55,6 +55,7 @@ HARNESS_MODULES = (
 MANIFEST_MODULES = (
     "models/configs.py",
     "models/module_tree.py",
+    "models/attention_tree.py",
     "models/ffn_tree.py",
     "kernels/manifest.py",
     "operators/__init__.py",

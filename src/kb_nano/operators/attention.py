@@ -17,7 +17,7 @@ Two scenario kinds (the ``variants`` of the operator):
   layout; vLLM's paged cache adds a block table, which kb-nano does not model).
 
 Layer kinds (``_layer_kinds``): each decoder layer's attention module of the model, built
-on the meta device (:func:`kb_nano.models.module_tree.attention_layers`), gives its softmax
+on the meta device (:func:`kb_nano.models.attention_tree.attention_layers`), gives its softmax
 scale, sliding window and logit soft-cap; a model whose layers differ (Gemma-2 and
 Gemma-3: sliding-window and global layers) gets scenarios per kind, with the kind in the id
 (``__sliding4096``, ``__full``). A sliding layer's window is the constructor's

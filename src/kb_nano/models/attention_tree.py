@@ -1,0 +1,133 @@
+"""The attention half of the module tree: the kinds of self-attention layer a model's own
+attention modules compute (softmax scale, sliding window, soft-cap, sinks, multi-head latent
+attention), or why they are not covered; read on the meta-built model by
+:func:`kb_nano.models.module_tree.read`."""
+
+from __future__ import annotations
+
+import torch
+
+PROBE_ROWS = 4  # random rows each probe of a module's computation runs on (norms, sinks)
+
+# The parts of a transformers attention module whose semantics kb-nano's ``attention``
+# measures (projections outside it; q/k norms are the ``qk_norm`` operator's): a module
+# with any other child module or a parameter of its own (Llama-4's L2 qk norm) is ``not
+# covered`` (multi-head latent attention, which has ``kv_a_proj_with_mqa``, is read by
+# :func:`kb_nano.operators.mla.mla_layer`); a ``sinks`` parameter is covered when
+# :func:`sinks_reason` finds the module's attention computes gpt-oss's sinks
+ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rotary_emb"}
+
+
+# The layer types (transformers' ``config.layer_types``) whose attention kb-nano computes:
+# causal over every earlier key, or over the last ``sliding_window`` of them
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _unlike_attention(module: torch.nn.Module) -> str | None:
+    """What an attention module with the standard parts computes beyond kb-nano's
+    ``attention`` (a clause for a ``not covered`` reason), else None: its layer type in
+    the config's ``layer_types`` (by its ``layer_idx``) other than full or sliding-window
+    attention (Llama-4's ``chunked_attention``: causal within 8192-token chunks; sparse and
+    compressed kinds), or queries scaled by position on its layers without rotation
+    (Llama-4's ``attn_temperature_tuning``)."""
+    config, idx = getattr(module, "config", None), getattr(module, "layer_idx", None)
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, list | tuple) and isinstance(idx, int) and idx < len(types):
+        if types[idx] not in ATTENTION_LAYER_TYPES:
+            return f"layer {idx} is {types[idx]!r} (kb-nano's attention computes {' and '.join(ATTENTION_LAYER_TYPES)})"
+    if getattr(module, "attn_temperature_tuning", False) and not getattr(module, "use_rope", True):
+        return f"layer {idx} scales its queries by position (attn_temperature_tuning on a layer without rotation)"
+    return None
+
+
+def attention_layers(lm: torch.nn.Module) -> dict:
+    """The kinds of self-attention layer of the causal LM ``lm`` (built on the meta device
+    with every layer, :func:`read`), read from each decoder layer's attention module:
+    ``{"kinds": [{"scale", "sliding_window", "logits_soft_cap", "sinks",
+    "layers"}, ...], "reason": None}`` with one entry per distinct (softmax scale, sliding
+    window, soft-cap, sinks) in layer order (``layers``: how many layers have it; the
+    module's ``scaling``, ``sliding_window``, ``attn_logit_softcapping`` and whether it
+    has a ``sinks`` parameter; multi-head latent attention adds ``"mla"``, its dimensions
+    from :func:`kb_nano.operators.mla.mla_layer`), or ``{"kinds": [], "reason": "not
+    covered: ..."}`` for an attention module with parts kb-nano does not measure
+    (:data:`ATTENTION_CHILDREN`; sinks that :func:`sinks_reason` rejects; an MLA class
+    ``mla_layer`` rejects)."""
+    from kb_nano.operators.mla import mla_layer
+
+    kinds: dict[tuple, dict] = {}
+    probed: dict[type, str | None] = {}  # attention class -> sinks_reason
+    for name, module in lm.named_modules():
+        if not name.endswith(".self_attn"):
+            continue
+        cls = type(module).__name__
+        mla = mla_layer(module) if hasattr(module, "kv_a_proj_with_mqa") else None
+        if isinstance(mla, str):
+            return {"kinds": [], "reason": mla}
+        extra = sorted(set(dict(module.named_children())) - ATTENTION_CHILDREN)
+        own = sorted(n for n, _ in module.named_parameters(recurse=False) if n != "sinks")
+        if (extra or own) and mla is None:
+            parts = [f"{n} ({type(getattr(module, n)).__name__})" for n in extra] + own
+            return {"kinds": [], "reason": f"not covered: {cls} has {', '.join(parts)}"}
+        unlike = _unlike_attention(module)
+        if unlike:
+            return {"kinds": [], "reason": f"not covered: {cls} {unlike}"}
+        sinks = isinstance(getattr(module, "sinks", None), torch.nn.Parameter)
+        if sinks:
+            if type(module) not in probed:
+                probed[type(module)] = sinks_reason(module)
+            if probed[type(module)]:
+                return {"kinds": [], "reason": probed[type(module)]}
+        window = getattr(module, "sliding_window", None)
+        cap = getattr(module, "attn_logit_softcapping", None)
+        key = (float(module.scaling), int(window) if window else None, float(cap) if cap else None, sinks)
+        key += (tuple(mla.values()),) if mla else ()
+        entry = kinds.setdefault(
+            key,
+            {"scale": key[0], "sliding_window": key[1], "logits_soft_cap": key[2], "sinks": sinks}
+            | ({"mla": mla} if mla else {})
+            | {"layers": 0},
+        )
+        entry["layers"] += 1
+    if not kinds:
+        return {"kinds": [], "reason": "not covered: no decoder layer has a self_attn module"}
+    return {"kinds": list(kinds.values()), "reason": None}
+
+
+def sinks_reason(meta_module: torch.nn.Module) -> str | None:
+    """None when the ``sinks`` parameter of the attention module ``meta_module`` (meta
+    device) is a sink logit per query head that the ``attention`` baseline computes
+    (``Attention(..., sinks=True)``), else the ``not covered: ...`` reason. Probed: the
+    ``eager_attention_forward`` of the module's own modeling file is run on the CPU on
+    :data:`PROBE_ROWS` random float32 tokens of causal attention with random sinks (the
+    module's query and KV head counts, head size and scale) and compared with the baseline (relative tolerance 1e-4)."""
+    import sys
+    from types import SimpleNamespace
+
+    from kb_nano.operators.attention import Attention
+
+    cls = type(meta_module).__name__
+    sinks = meta_module.sinks
+    eager = getattr(sys.modules.get(type(meta_module).__module__), "eager_attention_forward", None)
+    groups = getattr(meta_module, "num_key_value_groups", None)
+    head_dim = getattr(meta_module, "head_dim", None)
+    if sinks.dim() != 1 or eager is None or not groups or not head_dim:
+        return f"not covered: {cls} has sinks of shape {list(sinks.shape)} kb-nano cannot probe"
+    heads, n, scale = int(sinks.shape[0]), PROBE_ROWS, float(meta_module.scaling)
+    kv = heads // int(groups)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, w * head_dim, generator=gen) for w in (heads, kv, kv))
+    ours = Attention(heads, head_dim, scale, kv, sinks=True)
+    with torch.no_grad():
+        ours.sinks.copy_(torch.randn(heads, generator=gen) * 2)
+        pos = torch.arange(n)
+        mask = torch.zeros(n, n).masked_fill(pos[None, :] > pos[:, None], torch.finfo(torch.float32).min)
+        stub = SimpleNamespace(sinks=ours.sinks.clone(), num_key_value_groups=int(groups), training=False)
+        try:
+            ref, _ = eager(
+                stub, *(t.view(1, n, -1, head_dim).transpose(1, 2) for t in (q, k, v)), mask, scaling=scale, dropout=0.0
+            )
+        except Exception as exc:
+            return f"not covered: {cls} has sinks; its eager attention failed on a probe ({type(exc).__name__})"
+        if not torch.allclose(ours(q, k, v), ref.reshape(n, heads * head_dim), rtol=1e-4, atol=1e-5):
+            return f"not covered: {cls} has sinks that compute other than the extra softmax column of gpt-oss"
+    return None
