@@ -20,6 +20,7 @@ import sys
 import threading
 
 _NOTED = threading.Event()
+_WAKEUP: list[int] = []  # the read end of the signal wake-up pipe :func:`watch` installs
 
 
 class SignalInterrupt(KeyboardInterrupt):
@@ -89,11 +90,26 @@ def watch(quiet: bool = False) -> bool:
     itself that the run was interrupted and where its results are, so Snakemake's reports
     of the jobs it stops are left out; its log file under ``.snakemake/log`` keeps them).
     Installs nothing, returning False, outside the main thread or when SIGINT already has
-    a handler other than Python's default."""
+    a handler other than Python's default.
+
+    It also gives Python's signal wake-up fd a pipe of its own (unless one is set):
+    CPython's C-level handler writes each signal's number there in whichever thread the
+    kernel delivered it to, while the Python handler runs only once the main thread runs
+    Python again, and Snakemake's main thread waits in a semaphore that only a finishing
+    job releases. A job thread asking :func:`interrupted` reads the pipe, so it learns of
+    the SIGINT even when the main thread has not run the handler yet."""
     if threading.current_thread() is not threading.main_thread():
         return False
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return False
+    if not _WAKEUP:
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        if signal.set_wakeup_fd(w, warn_on_full_buffer=False) == -1:
+            _WAKEUP.append(r)
+        else:  # someone else's (an event loop): leave theirs in place
+            signal.set_wakeup_fd(-1)
+            os.close(r)
+            os.close(w)
 
     def note(signum, frame) -> None:
         if quiet and not _NOTED.is_set():
@@ -124,5 +140,21 @@ def quiet_on_sigint() -> None:
 def interrupted(wait_s: float = 0.0) -> bool:
     """Whether this process got a SIGINT since :func:`watch`, waiting up to ``wait_s``
     seconds for it (a judge dies of a Ctrl-C at the same moment as Snakemake's main
-    thread gets it; the job thread that saw the judge die may look first)."""
-    return _NOTED.wait(wait_s) if wait_s > 0 else _NOTED.is_set()
+    thread gets it; the job thread that saw the judge die may look first): noted by the
+    main thread's handler, or read from the signal wake-up pipe :func:`watch` installed."""
+    import select
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while not _NOTED.is_set():
+        left = deadline - time.monotonic()
+        if not _WAKEUP:
+            return _NOTED.wait(left) if left > 0 else False
+        ready, _, _ = select.select(_WAKEUP, [], [], max(0.0, min(left, 0.05)))
+        if ready:
+            with contextlib.suppress(BlockingIOError):
+                if signal.SIGINT in os.read(_WAKEUP[0], 512):
+                    _NOTED.set()
+        if left <= 0:
+            break
+    return _NOTED.is_set()
