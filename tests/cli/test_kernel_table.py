@@ -104,7 +104,9 @@ def test_load_warning_names_the_loaded_rows():
     busy = row("rms_norm", "b", load_avg_start=4.6, load_avg_end=5.3, cpus_available=2)
     ends_busy = row("rms_norm", "c", load_avg_start=1.0, load_avg_end=2.5, cpus_available=2)
     assert load_warning([idle, row("rms_norm", "old")]) is None
-    line = load_warning([idle, busy, ends_busy])
+    skipped = row("rms_norm", "d", status="skipped", load_avg_start=9.0, load_avg_end=9.0, cpus_available=2)
+    assert load_warning([idle, skipped]) is None  # nothing was timed
+    line = load_warning([idle, busy, ends_busy, skipped])
     assert "\n" not in line and line.startswith("warning: 2 of 3 rows")
     assert "load average up to 5.3 on 2 CPUs" in line
     assert "significance are unreliable" in line and "idle host" in line

@@ -82,10 +82,10 @@ def _error(r: dict) -> str:
 def load_warning(rows: list[dict]) -> str | None:
     """One line when any row was measured while the host's 1-minute load average
     (``load_avg_start`` or ``load_avg_end``) exceeded the CPUs available to its judge
-    (``cpus_available``): how many rows, the highest load and what it means; None when
-    none was (or no row recorded its load: schema 5 and older)."""
-    loaded = []
-    for r in rows:
+    (``cpus_available``): how many of the rows not skipped, the highest load and what it
+    means; None when none was (or no row recorded its load: schema 5 and older)."""
+    loaded, judged = [], [r for r in rows if r["status"] != "skipped"]  # (a skipped row timed nothing)
+    for r in judged:
         loads = [v for v in (r.get("load_avg_start"), r.get("load_avg_end")) if v is not None]
         if loads and r.get("cpus_available") and max(loads) > r["cpus_available"]:
             loaded.append((max(loads), r["cpus_available"]))
@@ -93,7 +93,7 @@ def load_warning(rows: list[dict]) -> str | None:
         return None
     peak, cpus = max(loaded)
     return (
-        f"warning: {len(loaded)} of {len(rows)} rows were measured on a loaded host (load average up to "
+        f"warning: {len(loaded)} of {len(judged)} rows were measured on a loaded host (load average up to "
         f"{peak:.1f} on {cpus} CPUs available): their times, rerun intervals and significance are unreliable; "
         "rerun them on an idle host"
     )
