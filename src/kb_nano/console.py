@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -29,7 +30,8 @@ def make_console() -> Console:
 
 @dataclass(frozen=True)
 class Column:
-    """One column of :func:`fit_table`. ``drop``: 0 = always shown; when the table is too
+    """One column of :func:`fit_table`. ``header`` may hold line breaks (a two-line
+    header is as wide as its longer line). ``drop``: 0 = always shown; when the table is too
     wide the columns with the largest ``drop`` are left out first. ``wrap``: the cells may
     fold onto several lines (then at least ``min_width`` characters wide); False keeps
     every cell on one line (numbers, statuses). ``max_width``: a wrapping column is never
@@ -94,8 +96,32 @@ def fit_table(
             if not short:
                 break
             widths[max(short, key=lambda i: natural[i] - widths[i])] += 1
-    left_out = [c.header for i, c in enumerate(columns) if i not in keep]
+    left_out = [" ".join(c.header.split()) for i, c in enumerate(columns) if i not in keep]
     return _table(columns, rows, {i: widths[i] for i in keep}, title, left_out, width)
+
+
+def break_at_dots(markup: str, width: int) -> str:
+    """``markup`` with each word (run of non-spaces) wider than ``width`` that holds dots
+    broken onto several lines after dots, each at most ``width`` wide where the dots allow,
+    so a dotted name (``layers.*.self_attn.q_norm``, a module path) folds between its
+    parts instead of inside one; other words are left to rich's folding."""
+
+    def width_of(text: str) -> int:
+        return len(text.replace("\\[", "["))
+
+    def split(match: re.Match) -> str:
+        word = match.group(0)
+        if width_of(word) <= width or "." not in word[:-1]:
+            return word
+        lines, line = [], ""
+        for part in re.findall(r"[^.]*\.|[^.]+$", word):
+            if line and width_of(line + part) > width:
+                lines.append(line)
+                line = ""
+            line += part
+        return "\n".join([*lines, line])
+
+    return re.sub(r"\S+", split, markup)
 
 
 def _table(columns, rows, widths: dict[int, int], title, left_out: list[str], width: int | None = None) -> Table:
@@ -105,5 +131,5 @@ def _table(columns, rows, widths: dict[int, int], title, left_out: list[str], wi
         c = columns[i]
         table.add_column(c.header, justify=c.justify, width=w, no_wrap=not c.wrap, overflow="fold")
     for r in rows:
-        table.add_row(*(r[i] for i in widths))
+        table.add_row(*(break_at_dots(r[i], w) if columns[i].wrap else r[i] for i, w in widths.items()))
     return table

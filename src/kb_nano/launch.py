@@ -158,7 +158,9 @@ def run_snakemake(root: Path, targets: list[str], config: dict, args, passthroug
     ):
         env["KB_NANO_PRESTART_JUDGE"] = "1"  # local kernel jobs: start the judge while Snakemake parses
     if not args.verbose and not no_jobs and "--quiet" not in passthrough:
-        cmd += ["--quiet", "rules"]  # (a dry run lists every job, as `snakemake -n` does)
+        # no per-job rule blocks and no start banner (host, version, config files): on
+        # up-to-date results the table follows a few lines; a dry run lists every job
+        cmd += ["--quiet", "rules", "host"]
     # Under the workflow directory, not /tmp: cluster jobs (`-- --profile profiles/slurm`)
     # re-read every --configfile on their node, which shares the workflow directory only.
     (root / ".snakemake").mkdir(exist_ok=True)

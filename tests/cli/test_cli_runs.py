@@ -33,6 +33,7 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "rms_norm__llama32-1b__tp1__n1" in out.stdout and "speedup" in out.stdout
     assert "steps" in out.stderr  # Snakemake progress was visible
+    assert "Snakemake version" not in out.stderr and "Workflow ID" not in out.stderr  # not its start banner
     doc = json.loads(out_json.read_text())
     assert {r["candidate"] for r in doc["rows"]} == {"rms_norm/torch_fused", "rms_norm/triton_rowwise"}
     assert all(r["num_runs"] >= 3 for r in doc["rows"] if r["status"] == "passed")  # at least: small calls get more
@@ -56,6 +57,9 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
     assert "rms_norm llama32-1b tp1" in side.stdout and "rms_norm/torch_fused (versus)" in side.stdout
     assert "baseline: median of the baseline times" in side.stdout
     assert "vs " in side.stdout and " ms paired" in side.stdout  # each speedup's own baseline time
+    # up to date: no job, and none of Snakemake's start banner (host, version, config files) before the table
+    assert "Nothing to be done" in side.stderr and "Snakemake version" not in side.stderr, side.stderr
+    assert len(side.stderr.splitlines()) <= 6, side.stderr
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ T = torch.tensor
 
 
 def check(result, status):
-    got, error, max_abs, max_rel = result
+    got, error, max_abs, max_rel, _used = result
     assert got == status, result
     assert got in STATUSES
     if status == "passed":
@@ -64,6 +64,28 @@ def test_atol_plus_rtol_criterion():
     # rtol 0 is a pure max-abs-error test
     check(compare(ref, T([100.09, 0.0]), 0.1, 0.0), "passed")
     check(compare(ref, T([100.2, 0.0]), 0.1, 0.0), "incorrect")
+
+
+def test_tolerance_used_is_the_worst_elements_share_of_the_allowed_error():
+    """max |out - ref| / (atol + rtol * |ref|) over every element of every output: not
+    the share max_abs_err is of some single bound (the worst element against its own)."""
+
+    def T(values):
+        return torch.tensor(values, dtype=torch.float64)
+
+    ref = (T([100.0, 0.0]), T([2.0]))
+    # allowed: 0.1 + 0.01 * 100 = 1.1 (diff 0.55: 50%); 0.1 (diff 0.08: 80%); 0.12 (diff 0.03: 25%)
+    *_, used = compare(ref, (T([100.55, 0.08]), T([2.03])), 0.1, 0.01)
+    assert used == pytest.approx(0.8)
+    status, _, max_abs, _, used = compare(ref, (T([101.65, 0.0]), T([2.0])), 0.1, 0.01)  # 1.65 / 1.1
+    assert status == "incorrect" and max_abs == pytest.approx(1.65) and used == pytest.approx(1.5)
+    assert compare(ref, (T([100.0, 0.0]), T([2.0])), 0.0, 0.0)[4] == 0.0  # exact, nothing allowed
+    assert compare(ref, (T([100.0, 1e-9]), T([2.0])), 0.0, 0.0)[4] == math.inf
+    assert compare(T([1.0, math.inf]), T([1.005, math.inf]), 0.01, 0.0)[4] == pytest.approx(0.5)  # inf == inf
+    tokens = torch.tensor([3, 7])
+    assert compare(tokens, tokens.clone(), 0.01, 0.01)[4] == 0.0
+    assert compare(tokens, torch.tensor([3, 8]), 0.01, 0.01)[4] == math.inf
+    assert compare(torch.zeros(2, 3), torch.zeros(3, 2), 0.01, 0.01)[4] is None
 
 
 def test_criterion_matches_torch_allclose():
@@ -183,6 +205,6 @@ def test_non_finite_values_keep_their_meaning():
     assert compare(t([math.inf, 1.0]), t([5.0, 1.0]), 1e-2, 1e-2)[0] == "passed"
     assert compare(t([math.nan, 1.0]), t([math.nan, 1.0]), 1e-2, 1e-2)[0] == "passed"
     assert compare(t([1.0, 1.0]), t([math.nan, 1.0]), 1e-2, 1e-2)[0] == "nonfinite"
-    status, _, max_abs, _ = compare(t([3e38], dtype=torch.bfloat16), t([-3e38], dtype=torch.bfloat16), 1e-2, 1e-2)
+    status, _, max_abs, *_ = compare(t([3e38], dtype=torch.bfloat16), t([-3e38], dtype=torch.bfloat16), 1e-2, 1e-2)
     assert status == "incorrect" and max_abs == math.inf
     assert compare(t([1 + 1j]), t([1 + 2j]), 1e-2, 1e-2)[0] == "incorrect"  # the imaginary part counts

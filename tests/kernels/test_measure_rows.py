@@ -31,6 +31,7 @@ def test_measure_rms_norm(tmp_path, scenarios, settings, name):
     timed = ("baseline_ms", "candidate_ms", "speedup", "baseline_ms_iqr", "candidate_ms_iqr")
     if status == "passed":
         assert row["max_abs_err"] <= 0.05 and row["max_rel_err"] < 0.05
+        assert 0.0 <= row["tolerance_used"] <= 1.0  # the worst element's share of atol + rtol * |ref|
         assert row["baseline_ms"] > 0 and row["candidate_ms"] > 0 and row["speedup"] > 0
         assert row["speedup"] == pytest.approx(row["baseline_ms"] / row["candidate_ms"])
         assert row["baseline_ms_iqr"] >= 0 and row["candidate_ms_iqr"] >= 0
@@ -39,7 +40,7 @@ def test_measure_rms_norm(tmp_path, scenarios, settings, name):
     if status == "runtime_error":
         assert "RuntimeError: boom at line two" in row["error"]
     if status == "incorrect":
-        assert row["max_abs_err"] > 0.01
+        assert row["max_abs_err"] > 0.01 and row["tolerance_used"] > 1.0
     if status == "skipped":
         assert "cuda" in row["error"] and "cpu" in row["error"]
     if status == "import_error":
@@ -235,3 +236,30 @@ def test_an_honest_output_in_another_layout_pays_its_copy_and_passes(tmp_path, s
     )
     row = check_row(measure(scenario, "rms_norm/column_major", path, settings, tmp_path), "passed")
     assert row["candidate_ms"] > row["baseline_ms"]  # it pays the transpose twice
+
+
+def test_the_judge_records_the_hosts_load_around_the_row(tmp_path, scenarios, settings):
+    """A job's row (written by the judge process) has the host's 1-minute load average
+    before and after the judge's work and the CPUs the judge may run on, so a row timed on
+    a loaded host can be told (kb_nano.kernels.table.load_warning)."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from kb_nano.kernels import job
+
+    path = rms_candidate(tmp_path, "good")
+    full = {**settings, "seed": None, "golden": None, "num_trials": 3, "cuda_graph": False, "roofline": None}
+    full.update(float32_matmul_precision="highest", memory_limit_gb=None)
+    out = tmp_path / "results/kernels/rms_norm/good/rms_norm__llama32-1b__tp1__n4.parquet"
+    try:
+        scenario = scenarios["rms_norm__llama32-1b__tp1__n4"]
+        assert job.run(
+            scenario, "rms_norm/good", str(path), full, str(out), str(tmp_path / "j.log"), str(tmp_path)
+        ) == ("passed")
+    finally:
+        job.close_judges()
+    (row,) = pq.read_table(out).to_pylist()
+    assert row["cpus_available"] == len(os.sched_getaffinity(0))
+    for key in ("load_avg_start", "load_avg_end"):
+        assert isinstance(row[key], float) and 0.0 <= row[key] < 10 * os.cpu_count(), row[key]

@@ -362,3 +362,38 @@ def test_history_tables_fit_the_terminal(ci_runs, capsys, monkeypatch, columns):
         assert "left out" not in out and "git sha" in runs_head and "change" in compare_head
     else:
         assert "left out at 100 columns:" in out and "git sha" not in runs_head
+
+
+def test_compare_after_adding_a_candidate_shows_the_common_rows_speedups(tmp_path, capsys, monkeypatch):
+    """A: candidate `fast` on n1 and n64. B, after candidates/rms_norm/new.py was added and
+    `kb_nano kernels` rerun: `fast` n1 reused (the same shard), `fast` n64 measured again,
+    and `new` on both. The compare lines up the two `fast` rows with both speedups and the
+    change, and lists `new`'s rows apart as added (A selected every candidate)."""
+    uri = tracking.default_tracking_uri(tmp_path)
+    a = [_ci_row("rms_norm", 1, 1.2, (1.1, 1.3)), _ci_row("rms_norm", 64, 1.5, (1.4, 1.6))]
+    b = [
+        a[0],
+        _ci_row("rms_norm", 64, 2.0, (1.9, 2.1), day=2),
+        *(_ci_row("rms_norm", n, 1.0, (0.9, 1.1), day=2) | {"candidate": "rms_norm/new"} for n in (1, 64)),
+    ]
+    ids = []
+    for name, rows in (("A", a), ("B", b)):
+        kwargs = result_set(tmp_path / name, rows)
+        kwargs["config"] = {**kwargs["config"], "candidates": []}  # every candidate selected
+        ids.append(tracking.log_kernels(**kwargs, tracking_uri=uri)["run_id"])
+        time.sleep(0.02)
+    result = history.compare_runs(uri, *ids)
+    by = {r["scenario_id"]: r for r in result["rows"]}
+    assert {r["candidate"] for r in result["rows"]} == {"rms_norm/fast"} and len(result["rows"]) == 2
+    n1, n64 = by["rms_norm__llama31-8b__tp1__n1"], by["rms_norm__llama31-8b__tp1__n64"]
+    assert (n1["speedup_a"], n1["speedup_b"], n1["same_measurement"]) == (1.2, 1.2, True)
+    assert (n64["speedup_a"], n64["speedup_b"]) == (1.5, 2.0) and n64["change"] == pytest.approx(1 / 3)
+    assert n64["significant"] == "faster"
+    assert [r["candidate"] for r in result["added"]] == ["rms_norm/new"] * 2 and result["removed"] == []
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["history", "--tracking-uri", uri, "--compare", *ids]) == 0
+    out = capsys.readouterr().out
+    assert "1.50x (1.40-1.60)" in out and "2.00x (1.90-2.10)" in out and "+33.3%" in out, out
+    assert "2 rows in both runs compared: 1 significantly faster" in " ".join(out.split())
+    assert "2 rows only in B (added), 0 only in A (removed)" in " ".join(out.split())
+    assert "rms_norm/new" in out.split("rows only one run has")[1]

@@ -4,6 +4,7 @@ and a real small Snakemake sweep that writes the new PNGs and the table."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -188,11 +189,49 @@ def test_kernels_table_html(tmp_path):
     for col in TABLE_COLUMNS:
         assert f"<th>{col}</th>" in page
     assert "AssertionError: &lt;max abs err 3.0&gt;" in page and "second line" not in page
-    assert '<tr class="failed">' in page and '<tr class="skipped">' in page
+    assert '<tr class="not_passed">' in page and '<tr class="skipped">' in page
     assert "<td>ctx1024</td>" in page
-    assert f"{len(rows)} rows: 8 passed, 1 skipped, 2 failed" in page
+    assert f"{len(rows)} rows: 1 incorrect, 8 passed, 1 runtime_error, 1 skipped" in page  # the CLI's words
     out = write_kernels_table(rows, tmp_path / "t/kernels_table.html")
     assert out.read_text(encoding="utf-8") == page
+
+
+def test_html_table_names_statuses_as_the_cli_and_cuts_notes_at_a_word(monkeypatch, capsys):
+    """The HTML table's summary counts the rows by status in the words of the CLI's
+    summary line (no "failed"); a long note is cut at a word boundary with an ellipsis,
+    the whole note in the cell's title; a short note is left as is."""
+    from kb_nano.kernels.merge import summarize
+    from kb_nano.kernels.table import print_kernels
+    from kb_nano.tracking.report_table import MAX_NOTE_CHARS
+
+    long = "the candidate's processes used 12.3 ms of CPU while the baseline's batch was timed: " * 3
+    rows = [
+        {**row("rms_norm", "a", status="unsynced_work"), "error": long.strip()},
+        {**row("rms_norm", "b", n=64, status="unsynced_work"), "error": "short <reason>"},
+        row("rms_norm", "c", n=512),
+    ]
+    page = kernels_table_html(rows)
+    assert "3 rows: 1 passed, 2 unsynced_work" in page and "failed" not in page.split("<table>")[0]
+    monkeypatch.setenv("COLUMNS", "250")
+    print_kernels(rows, summarize(rows))
+    assert "3 rows: 1 passed, 2 unsynced_work" in capsys.readouterr().out
+    (cell,) = [c for c in page.split("<td") if "12.3 ms" in c and "title=" in c]
+    title = cell.split('title="')[1].split('"')[0]
+    assert title == html.escape(long.strip())
+    shown = cell.split(">", 1)[1].split("</td>")[0]
+    assert shown.endswith("…") and len(html.unescape(shown)) <= MAX_NOTE_CHARS
+    assert long.startswith(html.unescape(shown[:-1])) and long[len(html.unescape(shown[:-1]))] == " "  # a whole word
+    assert '<td class="note">short &lt;reason&gt;</td>' in page
+
+
+def test_speedup_panel_title_names_the_statuses():
+    rows = [
+        row("rms_norm", "a", status="unsynced_work"),
+        row("rms_norm", "b", status="unsynced_work"),
+        row("rms_norm", "c"),
+    ]
+    (ax,) = speedup_figure(rows).get_axes()
+    assert ax.get_title(loc="left") == "rms_norm  —  2 unsynced_work"
 
 
 def test_log_kernels_keeps_the_table_with_the_results(tmp_path):

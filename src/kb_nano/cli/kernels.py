@@ -80,7 +80,7 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
 
     def show(doc: dict) -> int:
         from kb_nano.kernels.providers import print_providers
-        from kb_nano.kernels.table import measured_since, print_kernels
+        from kb_nano.kernels.table import load_warning, measured_since, print_kernels
 
         if args.by_scenario or args.versus:
             try:
@@ -91,6 +91,9 @@ def cmd_kernels(args, passthrough: list[str]) -> int:
             print_kernels(
                 doc["rows"], doc["summary"], shown=None if args.all_rows else measured_since(doc["rows"], started_at)
             )
+        loaded = load_warning(doc["rows"])
+        if loaded:
+            print(loaded, file=sys.stderr)
         failed = [r for r in doc["rows"] if r["status"] not in ("passed", "skipped")]
         if args.fail_on_error and failed:
             print(f"error: {len(failed)} row(s) neither passed nor skipped (--fail-on-error)", file=sys.stderr)

@@ -12,11 +12,11 @@ from kb_nano import operators
 from kb_nano.kernels.checks import flatten_outputs
 
 
-def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float | None, float | None]:
+def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float | None, float | None, float | None]:
     """Compare candidate output ``out`` with baseline output ``ref``.
 
     Both may be a tensor or a tuple/list of tensors (or None entries). Returns
-    ``(status, error, max_abs_err, max_rel_err)``: ``incorrect_shape`` when the number
+    ``(status, error, max_abs_err, max_rel_err, tolerance_used)``: ``incorrect_shape`` when the number
     of outputs or a shape differs, ``incorrect_dtype`` for a dtype mismatch,
     ``nonfinite`` when the candidate has NaN/Inf where the baseline does not,
     ``incorrect`` when any element has ``|out - ref| > atol + rtol * |ref|``
@@ -24,14 +24,19 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
     a pure max-abs-error test), or when an integer/bool output (token ids) differs at
     all (exact, whatever atol/rtol), else ``passed``.
     ``max_rel_err = max|out - ref| / max|ref|`` over all outputs (norm-wise relative error).
+    ``tolerance_used = max |out - ref| / (atol + rtol * |ref|)`` over all elements: the
+    share of the allowed error the worst element uses (1.0 = at the limit, so at most 1.0
+    when passed; inf where nothing was allowed and the values differ; integer outputs:
+    0.0 when equal). The three errors are None when no output was compared.
     """
     refs, outs = flatten_outputs(ref), flatten_outputs(out)
     if len(refs) != len(outs):
-        return "incorrect_shape", f"returned {len(outs)} output(s), baseline returns {len(refs)}", None, None
+        return "incorrect_shape", f"returned {len(outs)} output(s), baseline returns {len(refs)}", None, None, None
     if isinstance(ref, torch.Tensor) != isinstance(out, torch.Tensor):
         return (
             "incorrect_shape",
             f"returned a {type(out).__name__}, baseline returns a {type(ref).__name__}",
+            None,
             None,
             None,
         )
@@ -39,28 +44,35 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
     for i, (r, o) in enumerate(zip(refs, outs)):
         if r is None or o is None:
             if r is not o:
-                return "incorrect_shape", f"output {i}: {type(o).__name__}, baseline {type(r).__name__}", None, None
+                return (
+                    "incorrect_shape",
+                    f"output {i}: {type(o).__name__}, baseline {type(r).__name__}",
+                    None,
+                    None,
+                    None,
+                )
             continue
         if not isinstance(o, torch.Tensor):
-            return "incorrect_shape", f"output {i}: {type(o).__name__}, expected a tensor", None, None
+            return "incorrect_shape", f"output {i}: {type(o).__name__}, expected a tensor", None, None, None
         if tuple(o.shape) != tuple(r.shape):
-            return "incorrect_shape", f"output {i}: shape {tuple(o.shape)}, baseline {tuple(r.shape)}", None, None
+            return "incorrect_shape", f"output {i}: shape {tuple(o.shape)}, baseline {tuple(r.shape)}", None, None, None
         if o.dtype != r.dtype:
-            return "incorrect_dtype", f"output {i}: dtype {o.dtype}, baseline {r.dtype}", None, None
+            return "incorrect_dtype", f"output {i}: dtype {o.dtype}, baseline {r.dtype}", None, None, None
         if r.numel():
             pairs.append((i, r, o))
     # one device->host read for all outputs (each a synchronize on CUDA): max |out - ref|,
-    # max |ref| and the count over the tolerance, in float64 (exact for these counts)
+    # max |ref|, the count over the tolerance and the share of it used, in float64 (exact for these counts)
     stats = [_stats(r, o, atol, rtol) for _, r, o in pairs]
     values = torch.stack(stats).tolist() if stats else []
-    max_abs, max_ref, n_bad, n_all = 0.0, 0.0, 0, 0
-    for (i, r, o), (abs_i, ref_i, bad_i) in zip(pairs, values):
+    max_abs, max_ref, n_bad, n_all, used = 0.0, 0.0, 0, 0, 0.0
+    for (i, r, o), (abs_i, ref_i, bad_i, used_i) in zip(pairs, values):
         if not (math.isfinite(abs_i) and math.isfinite(ref_i)):  # NaN/Inf somewhere: classify it
             found = _nonfinite(i, r, o, atol, rtol)
             if isinstance(found[0], str):
                 return found
-            abs_i, ref_i, bad_i = found
+            abs_i, ref_i, bad_i, used_i = found
         max_abs, max_ref, n_bad, n_all = max(max_abs, abs_i), max(max_ref, ref_i), n_bad + int(bad_i), n_all + r.numel()
+        used = max(used, used_i)
     max_rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else float("inf"))
     if n_bad:
         return (
@@ -68,8 +80,9 @@ def compare(ref, out, atol: float, rtol: float) -> tuple[str, str | None, float 
             f"{n_bad} of {n_all} elements exceed atol {atol:g} + rtol {rtol:g} * |ref| (max_abs_err {max_abs:.4g})",
             max_abs,
             max_rel,
+            used,
         )
-    return "passed", None, max_abs, max_rel
+    return "passed", None, max_abs, max_rel, used
 
 
 def _wide(r: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,24 +95,35 @@ def _wide(r: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return r.to(wide), o.to(wide)
 
 
+def _used(diff: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``max(diff / allowed)`` (0-dim float64): 0 where both are 0, inf where only
+    ``allowed`` is; NaN (an infinite baseline against an infinite difference, which the
+    count does not flag) counts as 0."""
+    ratio = torch.where(allowed > 0, diff / allowed, torch.where(diff > 0, math.inf, 0.0))
+    return ratio.nan_to_num_(nan=0.0, posinf=math.inf).max().double()
+
+
 def _stats(r: torch.Tensor, o: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
-    """``[max|o - r|, max|r|, count(|o - r| > atol + rtol * |r|)]`` on the device, float64;
-    integer/bool outputs: the count is of elements that differ at all. NaN/Inf in either
-    output make one of the two maxima non-finite (:func:`_nonfinite` then classifies)."""
+    """``[max|o - r|, max|r|, count(|o - r| > atol + rtol * |r|), max(|o - r| / (atol +
+    rtol * |r|))]`` on the device, float64; integer/bool outputs: the count is of elements
+    that differ at all and the share used 0 or inf. NaN/Inf in either output make one of
+    the two maxima non-finite (:func:`_nonfinite` then classifies)."""
     rf, of = _wide(r, o)
     diff = (of - rf).abs()
     ref_abs = rf.abs()
     if r.is_floating_point() or r.is_complex():
-        bad = diff.gt(ref_abs.mul(rtol).add_(atol)).sum()
+        allowed = ref_abs.mul(rtol).add_(atol)
+        bad, used = diff.gt(allowed).sum(), _used(diff, allowed)
     else:
         bad = (o != r).sum()
-    return torch.stack([diff.max().double(), ref_abs.max().double(), bad.double()])
+        used = torch.where(bad > 0, math.inf, 0.0).double()
+    return torch.stack([diff.max().double(), ref_abs.max().double(), bad.double(), used])
 
 
 def _nonfinite(i: int, r: torch.Tensor, o: torch.Tensor, atol: float, rtol: float):
-    """Output ``i`` holds NaN/Inf (either side): ``nonfinite`` (a 4-tuple like
+    """Output ``i`` holds NaN/Inf (either side): ``nonfinite`` (a 5-tuple like
     :func:`compare`'s) when the candidate has them where the baseline is finite; else
-    ``(max_abs, max_ref, n_bad)``, where, if the candidate has NaN/Inf (all where the
+    ``(max_abs, max_ref, n_bad, tolerance_used)``, where, if the candidate has NaN/Inf (all where the
     baseline has them too), those places count as equal (NaN -> 0, opposite infinities
     -> float max); a non-finite baseline opposite finite candidate values is compared as
     is (``inf > inf`` is false)."""
@@ -114,13 +138,15 @@ def _nonfinite(i: int, r: torch.Tensor, o: torch.Tensor, atol: float, rtol: floa
                 f"output {i}: {int(bad.sum())} NaN/Inf value(s) where the baseline is finite",
                 None,
                 None,
+                None,
             )
     diff = (of - rf).abs()
     ref_abs = rf.abs()
     if not all_finite:
         diff.nan_to_num_(0.0)
         ref_abs.nan_to_num_(0.0)
-    return float(diff.max()), float(ref_abs.max()), int(diff.gt_(ref_abs.mul_(rtol).add_(atol)).sum())
+    allowed = ref_abs.mul(rtol).add_(atol)
+    return float(diff.max()), float(ref_abs.max()), int(diff.gt(allowed).sum()), float(_used(diff, allowed))
 
 
 def tolerance(scenario: dict, settings: dict) -> tuple[float, float]:

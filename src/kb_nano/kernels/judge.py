@@ -49,6 +49,7 @@ GRAPH_BATCH_MS = 8.0  # device time of a graph batch: the judge's clock around i
 MAX_REPLAYS = 200  # graph replays per batch at most
 HIDDEN_FRACTION = 0.1  # a candidate's batch may exceed its reported call times + the baseline's overhead by 10%
 HIDDEN_FLOOR_MS = {"cpu": 0.5, "cuda": 0.1}  # ... plus this jitter allowance per batch
+ERROR_FIELDS = ("max_abs_err", "max_rel_err", "tolerance_used")  # the row's columns of compare's errors
 
 
 class Measurement:
@@ -73,7 +74,7 @@ class Measurement:
         self.atol, self.rtol = tolerance(scenario, settings)
         self.golden = settings.get("golden")
         self.source = "random"
-        self.worst = [0.0, 0.0]
+        self.worst = [0.0, 0.0, 0.0]  # max_abs_err, max_rel_err, tolerance_used
         self.compared = False  # whether any output was compared (rows of earlier failures carry no error)
         self.shared: list[SharedTensors] = []
         self.phases: dict[str, float] = {}  # seconds per step (prepare, measure._run), for the job log
@@ -195,10 +196,10 @@ class Measurement:
                 )
         refs = [None if o is None else o[sl] for o in self.outs["base"]]
         outs = [None if o is None else o[sl] for o in self.outs["cand"]]
-        status, error, max_abs, max_rel = compare(refs, outs, self.atol, self.rtol)
+        status, error, *errs = compare(refs, outs, self.atol, self.rtol)
         if status != "passed":
-            raise Verdict(status, f"{when}: {error}", max_abs_err=max_abs, max_rel_err=max_rel)
-        self.worst = [max(self.worst[0], max_abs or 0.0), max(self.worst[1], max_rel or 0.0)]
+            raise Verdict(status, f"{when}: {error}", **dict(zip(ERROR_FIELDS, errs)))
+        self.worst = [max(w, e or 0.0) for w, e in zip(self.worst, errs)]
         self.compared = True
 
     def trial(self, k: int, values, when: str, watch: bool = True) -> None:

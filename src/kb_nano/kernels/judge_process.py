@@ -136,9 +136,13 @@ def _one(req: dict, pools: dict, gpu_ids: str | None, warm: list) -> str:
             mine = str(Path(req["candidate_path"]).resolve())
             n = pools[key].warm(sorted(warm, key=lambda f: f[0] != mine), settings, fd, deadline)
             os.write(fd, f"kb_nano: started the workers of {n} candidate(s) ahead of their jobs\n".encode())
-        started_at = utc_now()
+        started_at, load_start = utc_now(), os.getloadavg()[0]
         row = measure(req["scenario"], req["candidate_id"], Path(req["candidate_path"]), settings, root, pools[key], fd)
         row.update(gpu_ids=gpu_ids, started_at=started_at, ended_at=utc_now())
+        # how busy the host was: a load above the CPUs available makes the times and intervals unreliable
+        row.update(
+            load_avg_start=load_start, load_avg_end=os.getloadavg()[0], cpus_available=len(os.sched_getaffinity(0))
+        )
         write_rows([row], out, secret=signing.key(root))
         line = f"{row['scenario_id']} {row['candidate']}: {row['status']}" + (
             f" ({row['error']})" if row["error"] else ""

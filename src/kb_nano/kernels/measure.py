@@ -23,7 +23,7 @@ from kb_nano.kernels.agreement import timer_fields
 from kb_nano.kernels.blocks import MIN_BLOCKS, estimate, hidden_ms, overhead_noise_ms
 from kb_nano.kernels.fields import device_name, resolve_device, row_fields
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
-from kb_nano.kernels.judge import HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement
+from kb_nano.kernels.judge import ERROR_FIELDS, HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
 from kb_nano.kernels.schema import make_row
 from kb_nano.kernels.verdict import WORKER_VERDICTS, Verdict
@@ -89,10 +89,10 @@ def measure(
         phases = ", ".join(f"{k} {v:.2f} s" for k, v in m.phases.items())
         os.write(log_fd, f"kb_nano: {status} in {time.perf_counter() - t_start:.2f} s ({phases})\n".encode())
     if m is not None and m.compared:
-        extra.setdefault("max_abs_err", m.worst[0])
-        extra.setdefault("max_rel_err", m.worst[1])
+        for name, worst in zip(ERROR_FIELDS, m.worst):
+            extra.setdefault(name, worst)
     if status != "passed":
-        keep = ("max_abs_err", "max_rel_err", "baseline_ms", "candidate_ms", "hidden_work_ms")
+        keep = (*ERROR_FIELDS, "baseline_ms", "candidate_ms", "hidden_work_ms")
         extra = {k: v for k, v in extra.items() if k in keep or k.endswith(("_eager_ms", "_kernel_ms", "_graph_ms"))}
         fields["num_runs"] = None  # no timed calls count: the row was decided before or during them
     return make_row(**{**fields, **extra}, status=status, error=error, wall_s=time.perf_counter() - t_start)

@@ -40,6 +40,13 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def status_counts(by_status: dict[str, int]) -> str:
+    """``"48 passed, 2 unsynced_work, 32 skipped"``: :func:`summarize`'s ``by_status``
+    in the words of the rows' statuses (:data:`kb_nano.kernels.schema.STATUSES`), as the
+    CLI's summary line, the HTML table and the speedup plot write them."""
+    return ", ".join(f"{n} {s}" for s, n in by_status.items())
+
+
 def merge(
     shards: list[Path],
     not_applicable: list[tuple[dict, str]],

@@ -13,7 +13,13 @@ the job holds its device lease; so two rows holding one device never have overla
 ``[started_at, ended_at]`` (``bench/multi_gpu_report.py`` checks it); ``created_at`` has
 seconds only. ``seed`` is the measurement's seed, drawn from the OS (``--seed`` replays
 it); ``sandbox`` says how the candidate's worker was confined (``landlock abi N``, or
-``none: why``). Every shard is signed (:mod:`kb_nano.kernels.signing`). Torch-free.
+``none: why``). ``tolerance_used`` is the share of the allowed error
+(``atol + rtol * |ref|``, :func:`kb_nano.kernels.compare.compare`) the worst compared
+element used (1.0 = at the limit). ``load_avg_start`` / ``load_avg_end`` are the host's
+1-minute load average (``os.getloadavg``) when the judge starts and ends the row,
+``cpus_available`` the CPUs of its affinity mask (``os.sched_getaffinity``): a load above
+it means other work competed for the CPUs (:func:`kb_nano.kernels.table.load_warning`).
+Shards of an older ``schema_version`` merge with these columns null. Every shard is signed (:mod:`kb_nano.kernels.signing`). Torch-free.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import pyarrow.parquet as pq
 
 from kb_nano.rows import full_row, read_shards, write_table
 
-SCHEMA_VERSION = 5  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline, started_at/ended_at; 4: judge and workers (OS seed, sandbox, signed shards); 5: three GPU timers, speedup_basis, blocks, SM clock
+SCHEMA_VERSION = 6  # 2: gpu_ids; 3: anti-cheat statuses, paired CI, device-wide and graph timing, roofline, started_at/ended_at; 4: judge and workers (OS seed, sandbox, signed shards); 5: three GPU timers, speedup_basis, blocks, SM clock; 6: tolerance_used, load_avg_start/load_avg_end, cpus_available
 
 
 STATUSES = (
@@ -72,6 +78,8 @@ KERNEL_SCHEMA = pa.schema(
         ("rtol", pa.float64()),
         ("max_abs_err", pa.float64()),
         ("max_rel_err", pa.float64()),
+        # max |cand - ref| / (atol + rtol * |ref|) over every compared element: 1.0 = at the limit
+        ("tolerance_used", pa.float64()),
         ("baseline_ms", pa.float64()),
         ("candidate_ms", pa.float64()),
         ("speedup", pa.float64()),
@@ -118,6 +126,9 @@ KERNEL_SCHEMA = pa.schema(
         ("num_warmup", pa.int32()),
         ("num_runs", pa.int32()),
         ("num_threads", pa.int32()),
+        ("cpus_available", pa.int32()),  # CPUs the judge may run on (its affinity mask)
+        ("load_avg_start", pa.float64()),  # the host's 1-minute load average before the judge's work on the row
+        ("load_avg_end", pa.float64()),  # ... and after it
         ("device", pa.string()),
         ("device_name", pa.string()),
         ("gpu_ids", pa.string()),

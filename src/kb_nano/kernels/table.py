@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kb_nano.console import Column, fit_table, make_console, num
+from kb_nano.kernels.merge import status_counts
 
 STATUS_STYLE = {"passed": "green", "skipped": "yellow"}
 
@@ -69,6 +70,35 @@ def footnoted_notes(rows: list[dict]) -> tuple[list[str], list[str]]:
     return cells, [f"[{n}] {p}" for p, n in numbers.items()]
 
 
+def _error(r: dict) -> str:
+    """``max_abs_err (NN%)``: the error and the share of the allowed error the worst
+    element used (``tolerance_used``; rows of schema 5 and older have none)."""
+    text, used = num(r.get("max_abs_err"), ".3g"), r.get("tolerance_used")
+    if text == "-" or used is None or (isinstance(used, float) and math.isnan(used)):
+        return text
+    return f"{text} ({used * 100:.0f}%)" if used < 10 else f"{text} (>1000%)"
+
+
+def load_warning(rows: list[dict]) -> str | None:
+    """One line when any row was measured while the host's 1-minute load average
+    (``load_avg_start`` or ``load_avg_end``) exceeded the CPUs available to its judge
+    (``cpus_available``): how many of the rows not skipped, the highest load and what it
+    means; None when none was (or no row recorded its load: schema 5 and older)."""
+    loaded, judged = [], [r for r in rows if r["status"] != "skipped"]  # (a skipped row timed nothing)
+    for r in judged:
+        loads = [v for v in (r.get("load_avg_start"), r.get("load_avg_end")) if v is not None]
+        if loads and r.get("cpus_available") and max(loads) > r["cpus_available"]:
+            loaded.append((max(loads), r["cpus_available"]))
+    if not loaded:
+        return None
+    peak, cpus = max(loaded)
+    return (
+        f"warning: {len(loaded)} of {len(judged)} rows were measured on a loaded host (load average up to "
+        f"{peak:.1f} on {cpus} CPUs available): their times, rerun intervals and significance are unreliable; "
+        "rerun them on an idle host"
+    )
+
+
 def _ci(r: dict) -> str:
     lo, hi = r.get("speedup_ci_low"), r.get("speedup_ci_high")
     if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
@@ -82,7 +112,7 @@ COLUMNS = (
     Column("scenario", wrap=True, min_width=20),
     Column("candidate", wrap=True, min_width=14),
     Column("status"),
-    Column("max_abs_err", "right", drop=3),
+    Column("max_abs_err\n(% of allowed)", "right", drop=3),
     Column("baseline ms ±IQR", "right", drop=2),
     Column("candidate ms ±IQR", "right", drop=2),
     Column("speedup", "right"),
@@ -94,7 +124,8 @@ COLUMNS = (
 def kernel_table(
     rows: list[dict], title: str = "kb-nano kernels", width: int | None = None, notes: list[str] | None = None
 ) -> Table:
-    """Table of kernel rows: scenario, candidate, status, max-abs-error, baseline and
+    """Table of kernel rows: scenario, candidate, status, max-abs-error with the share of
+    the allowed error it used (``tolerance_used``), baseline and
     candidate median ms ± IQR (ms), speedup (baseline median / candidate median), its
     95% rerun interval (:func:`kb_nano.stats.speedup_interval`), and the error, or notes: a roofline "REVIEW" flag,
     "not significant" when the interval contains 1.0, CUDA-graph replay times when
@@ -116,7 +147,7 @@ def kernel_table(
                 escape(r["scenario_id"]),
                 escape(r["candidate"]),
                 f"[{style}]{r['status']}[/{style}]",
-                num(r.get("max_abs_err"), ".3g"),
+                _error(r),
                 _ms(r.get("baseline_ms"), r.get("baseline_ms_iqr")),
                 _ms(r.get("candidate_ms"), r.get("candidate_ms_iqr")),
                 num(speed, ".2f")
@@ -160,7 +191,7 @@ def print_kernels(
             f"{more} more {'row' if more == 1 else 'rows'} of this selection not shown (measured by earlier runs "
             "with the same code and inputs, or not applicable); --all-rows prints them"
         )
-    by_status = ", ".join(f"{n} {s}" for s, n in summary["by_status"].items())
+    by_status = status_counts(summary["by_status"])
     rate = summary["pass_rate"]
     gm = summary["geomean_speedup"]
     sig = summary.get("significant")

@@ -23,6 +23,7 @@ import math
 from collections import OrderedDict
 from pathlib import Path
 
+from kb_nano.kernels.merge import status_counts, summarize
 from kb_nano.tracking.plot_style import (
     BASELINE_COLOR,
     FAILED_COLOR,
@@ -203,14 +204,16 @@ def _speedup_panel(ax, target: str, trows: list[dict], colors: dict, limits: tup
     first = {sid: next(r for r in trows if r["scenario_id"] == sid) for sid in scenarios}
     ax.set_xticklabels([_scenario_label(first[s]) for s in scenarios], fontsize=8)
     ax.set_ylabel("speedup (log)")
-    n_fail = sum(r["status"] not in ("passed", "skipped") for r in trows)
-    ax.set_title(f"{target}" + (f"  —  {n_fail} failed" if n_fail else ""), loc="left", fontsize=10)
+    failed = summarize([r for r in trows if r["status"] not in ("passed", "skipped")])["by_status"]
+    ax.set_title(f"{target}" + (f"  —  {status_counts(failed)}" if failed else ""), loc="left", fontsize=10)
     ax.grid(axis="y", which="both", alpha=0.25)
     handles = [Patch(facecolor=colors[c], edgecolor="black", label=c) for c in cands]
     if any(_passed_speedup(r) and not r.get("significant") for r in trows):
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="not significant"))
-    if n_fail:
-        handles.append(Line2D([], [], marker="X", color=FAILED_COLOR, ls="none", ms=9, label="failed (status below)"))
+    if failed:
+        handles.append(
+            Line2D([], [], marker="X", color=FAILED_COLOR, ls="none", ms=9, label="not passed (status below)")
+        )
     if any(r["status"] == "skipped" for r in trows):
         handles.append(Line2D([], [], marker="o", mfc="none", mec=SKIPPED_COLOR, ls="none", ms=7, label="skipped"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)

@@ -5,7 +5,9 @@ Main columns only (:data:`TABLE_COLUMNS`); every column stays in ``results/kerne
 Times are milliseconds (median per call), GB/s is ``bytes_moved`` / candidate median time,
 the interval is the 95% rerun interval of the speedup. Rows are ordered by target level,
 target, model, TP, variant, num_tokens and candidate; a row that did not pass is shaded
-and shows the first line of its error.
+and shows the first line of its error, cut at a word boundary after
+:data:`MAX_NOTE_CHARS` with an ellipsis (the whole error in the cell's ``title``, shown on
+hover). The summary counts rows by status, in the words the CLI uses.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from kb_nano.kernels.merge import status_counts, summarize
 from kb_nano.tracking.plot_style import variant_of
 
 TABLE_COLUMNS = (
@@ -41,7 +44,7 @@ table { border-collapse: collapse; }
 th, td { border: 1px solid #ccc; padding: 2px 6px; white-space: nowrap; }
 th { background: #eee; position: sticky; top: 0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.failed td { background: #fde8e8; }
+tr.not_passed td { background: #fde8e8; }
 tr.skipped td { color: #888; }
 td.note { white-space: normal; max-width: 32em; font-size: 11px; }
 """
@@ -52,7 +55,7 @@ def _num(v, fmt: str) -> str:
 
 
 def table_cells(r: dict) -> list[str]:
-    """The :data:`TABLE_COLUMNS` of one row as plain text (unescaped)."""
+    """The :data:`TABLE_COLUMNS` of one row as plain text (unescaped), the note in full."""
     ms = r.get("candidate_ms")
     gbs = r["bytes_moved"] / (ms * 1e-3) / 1e9 if r.get("bytes_moved") and ms and ms > 0 else None
     lo, hi = r.get("speedup_ci_low"), r.get("speedup_ci_high")
@@ -62,7 +65,7 @@ def table_cells(r: dict) -> list[str]:
         notes += (r.get("error") or "").strip().splitlines()[:1]
     if r.get("review"):
         notes.append(f"review: {r['review']}")
-    note = "; ".join(notes)[:MAX_NOTE_CHARS]
+    note = "; ".join(notes)
     return [
         r["target"],
         r["model"],
@@ -83,6 +86,16 @@ def table_cells(r: dict) -> list[str]:
     ]
 
 
+def shorten(text: str, limit: int = MAX_NOTE_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with an ellipsis
+    (``…``) when cut; a first word longer than ``limit`` is cut inside it."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    head = cut.rsplit(" ", 1)[0] if " " in cut else cut
+    return head.rstrip(" ;,:") + "…"
+
+
 def _order(r: dict) -> tuple:
     v = variant_of(r)
     return (r.get("level") or 0, r["target"], r["model"], r["tp"], len(v), v, r["num_tokens"], r["candidate"])
@@ -94,17 +107,18 @@ def kernels_table_html(rows: list[dict], title: str = "kb-nano kernels: merged r
     head = "".join(f"<th>{html.escape(c)}</th>" for c in TABLE_COLUMNS)
     body = []
     for r in sorted(rows, key=_order):
-        cls = "" if r["status"] == "passed" else ("skipped" if r["status"] == "skipped" else "failed")
+        cls = "" if r["status"] == "passed" else ("skipped" if r["status"] == "skipped" else "not_passed")
         cells = []
         for col, text in zip(TABLE_COLUMNS, table_cells(r)):
             kind = "num" if col in numeric else ("note" if col == "note" else "")
             attr = f' class="{kind}"' if kind else ""
+            if col == "note" and shorten(text) != text:
+                attr += f' title="{html.escape(text)}"'
+                text = shorten(text)
             cells.append(f"<td{attr}>{html.escape(text)}</td>")
         attr = f' class="{cls}"' if cls else ""
         body.append(f"<tr{attr}>" + "".join(cells) + "</tr>")
-    n_pass = sum(r["status"] == "passed" for r in rows)
-    n_skip = sum(r["status"] == "skipped" for r in rows)
-    summary = f"{len(rows)} rows: {n_pass} passed, {n_skip} skipped, {len(rows) - n_pass - n_skip} failed"
+    summary = f"{len(rows)} rows: {status_counts(summarize(rows)['by_status'])}"
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
