@@ -188,7 +188,8 @@ def test_deepseek_v3_capture_records_only_its_moe_layers(tmp_path):
     gate = build_model(fields, LAYERS, None, torch.bfloat16).model.layers[1].mlp.gate
     with torch.no_grad():
         assert torch.equal(logits, F.linear(x, gate.weight))
-        torch.testing.assert_close(logits, gate(x)[0].to(torch.bfloat16), atol=0, rtol=2**-8)
+        # bf16 vs fp32 accumulation: the two may differ by one or two bf16 ulps (2**-7 relative each)
+        torch.testing.assert_close(logits, gate(x)[0].to(torch.bfloat16), atol=0, rtol=2**-6)
     specs = [normal("hidden_states", [8, 64], "bfloat16"), normal("router_logits", [8, 8], "bfloat16")]
     scenario = {"scenario_id": "fused_moe__ds", "target": "fused_moe", "init_args": {}, "inputs": specs}
     got = golden_inputs(scenario, {"path": str(tmp_path / "fused_moe.json")}, tmp_path, "cpu", draw=0)
