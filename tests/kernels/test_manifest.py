@@ -263,7 +263,7 @@ def test_variant_scenarios_attention_decode():
 def test_scenarios_record_operator_tolerance(manifest):
     s = by_id(manifest)
     assert (s["rms_norm__llama31-8b__tp1__n1"]["atol"], s["rms_norm__llama31-8b__tp1__n1"]["rtol"]) == (0.01, 0.016)
-    assert (s["attention__llama31-8b__tp1__n1"]["atol"], s["attention__llama31-8b__tp1__n1"]["rtol"]) == (0.02, 0.016)
+    assert (s["attention__llama31-8b__tp1__n1"]["atol"], s["attention__llama31-8b__tp1__n1"]["rtol"]) == (0.12, 0.016)
     assert (s["sampler__llama31-8b__tp1__n1"]["atol"], s["sampler__llama31-8b__tp1__n1"]["rtol"]) == (0.0, 0.0)
     m32 = generate(["llama32-1b"], [1], [2], "float32", REPO)
     assert by_id(m32)["mlp__llama32-1b__tp1__n2"]["atol"] == 1e-4
