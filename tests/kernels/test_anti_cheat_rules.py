@@ -26,6 +26,32 @@ def test_output_aliasing_rules():
     assert checks.aliased_outputs(torch.zeros(3), {"x": x}, (), previous=torch.zeros(3)) is None
 
 
+def test_dense_outputs_and_flatten_treat_tuple_subclasses_as_tuples():
+    """A namedtuple (or any tuple/list subclass) of outputs gets the same dense-output rule
+    as a tuple: its strided views are made contiguous inside the call, and the later rules
+    walk its items through tuple's own iterator, not an override of the subclass."""
+    import collections
+
+    pair = collections.namedtuple("Pair", "x residual")
+    x = torch.zeros(4, 6).t()  # a transposed view: not contiguous
+    for out in (pair(x, x), (x, x), [x, x]):
+        dense = checks.dense_outputs(out)
+        assert type(dense) in (tuple, list) and all(o.is_contiguous() for o in dense), type(out)
+        assert all(torch.equal(o, x) for o in dense)
+
+    class Lying(tuple):
+        def __iter__(self):  # what a rule would see if it used the subclass's iterator
+            return iter(())
+
+        def __len__(self):
+            return 0
+
+    lying = Lying((x, x))
+    assert len(checks.flatten_outputs(lying)) == 2
+    assert [o.is_contiguous() for o in checks.dense_outputs(lying)] == [True, True]
+    assert checks.invalid_outputs(Lying((x.to_sparse(),)), torch.device("cpu"))[0] == "invalid_output"
+
+
 def test_mutation_rule_is_bitwise_and_nan_safe():
     x = torch.tensor([1.0, float("nan")])
     before = {"x": x.clone()}

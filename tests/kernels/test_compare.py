@@ -67,7 +67,7 @@ def test_atol_plus_rtol_criterion():
 
 
 def test_tolerance_used_is_the_worst_elements_share_of_the_allowed_error():
-    """max |out - ref| / (atol + rtol * |ref|) over every element of every output: not
+    """max |out - ref| / (scaled atol + rtol * |ref|) over every element of every output: not
     the share max_abs_err is of some single bound (the worst element against its own)."""
 
     def T(values):
@@ -81,7 +81,8 @@ def test_tolerance_used_is_the_worst_elements_share_of_the_allowed_error():
     assert status == "incorrect" and max_abs == pytest.approx(1.65) and used == pytest.approx(1.5)
     assert compare(ref, (T([100.0, 0.0]), T([2.0])), 0.0, 0.0)[4] == 0.0  # exact, nothing allowed
     assert compare(ref, (T([100.0, 1e-9]), T([2.0])), 0.0, 0.0)[4] == math.inf
-    assert compare(T([1.0, math.inf]), T([1.005, math.inf]), 0.01, 0.0)[4] == pytest.approx(0.5)  # inf == inf
+    # inf == inf; atol scaled by the rms of the finite reference values, sqrt(1 / 2)
+    assert compare(T([1.0, math.inf]), T([1.005, math.inf]), 0.01, 0.0)[4] == pytest.approx(0.5 / math.sqrt(0.5))
     tokens = torch.tensor([3, 7])
     assert compare(tokens, tokens.clone(), 0.01, 0.01)[4] == 0.0
     assert compare(tokens, torch.tensor([3, 8]), 0.01, 0.01)[4] == math.inf
@@ -186,8 +187,31 @@ def test_empty_outputs_pass():
 def test_all_zero_reference_relative_error():
     _, _, max_rel = check(compare(torch.zeros(3), torch.zeros(3), 0.01, 0.0), "passed")
     assert max_rel == 0.0
-    _, max_abs, max_rel = check(compare(torch.zeros(3), T([0.0, 0.005, 0.0]), 0.01, 0.0), "passed")
+    # an all-zero reference has no scale: the atol shrinks to two subnormal units
+    _, max_abs, max_rel = check(compare(torch.zeros(3), T([0.0, 0.005, 0.0]), 0.01, 0.0), "incorrect")
     assert max_abs == pytest.approx(0.005) and max_rel == math.inf
+    check(compare(torch.zeros(3, dtype=torch.float16), T([0.0, 6e-8, 0.0]).half(), 0.01, 0.0), "passed")
+
+
+def test_atol_scales_with_the_reference_rms_below_one():
+    """The table's atol is for outputs of rms ~1: an output of rms 0.04 gets 1/25 of it
+    (the same relative error is caught at every scale), one of rms 100 keeps it."""
+    torch.manual_seed(0)
+    ref = torch.randn(4096)
+    noise = torch.randn(4096) * 0.01  # 1% of an rms-1 output: passes atol 0.05
+    check(compare(ref, ref + noise, 0.05, 0.0), "passed")
+    small = ref * 0.04
+    check(compare(small, small + noise * 0.04, 0.05, 0.0), "passed")  # the same relative error
+    error, _, _ = check(compare(small, small + noise, 0.05, 0.0), "incorrect")  # 25% of its rms
+    assert "min(1, rms(ref))" in error
+    large = ref * 100  # rms above 1: the atol is not widened
+    check(compare(large, large + 0.06 * torch.sign(noise), 0.05, 0.0), "incorrect")
+    # each output its own scale
+    check(compare((ref, small), (ref + noise, small + noise), 0.05, 0.0), "incorrect")
+    # NaN where the baseline has NaN too: the scale comes from the finite values
+    ref_nan, out_nan = small.clone(), (small + noise).clone()
+    ref_nan[0] = out_nan[0] = math.nan
+    check(compare(ref_nan, out_nan, 0.05, 0.0), "incorrect")
 
 
 def test_integer_outputs():

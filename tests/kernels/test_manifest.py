@@ -263,7 +263,7 @@ def test_variant_scenarios_attention_decode():
 def test_scenarios_record_operator_tolerance(manifest):
     s = by_id(manifest)
     assert (s["rms_norm__llama31-8b__tp1__n1"]["atol"], s["rms_norm__llama31-8b__tp1__n1"]["rtol"]) == (0.01, 0.016)
-    assert (s["attention__llama31-8b__tp1__n1"]["atol"], s["attention__llama31-8b__tp1__n1"]["rtol"]) == (0.02, 0.016)
+    assert (s["attention__llama31-8b__tp1__n1"]["atol"], s["attention__llama31-8b__tp1__n1"]["rtol"]) == (0.12, 0.016)
     assert (s["sampler__llama31-8b__tp1__n1"]["atol"], s["sampler__llama31-8b__tp1__n1"]["rtol"]) == (0.0, 0.0)
     m32 = generate(["llama32-1b"], [1], [2], "float32", REPO)
     assert by_id(m32)["mlp__llama32-1b__tp1__n2"]["atol"] == 1e-4
@@ -292,3 +292,53 @@ def test_a_tp_the_model_cannot_be_deployed_at_makes_every_scenario_not_applicabl
         "cannot be deployed at tp=3 (vLLM): tp=3 does not divide num_attention_heads=32" in s["reason"] for s in tp3
     )
     assert by_id["rms_norm__llama31-8b__tp16__n1"]["applicable"]
+
+
+TINY = REPO / "config/models/meta-llama/Llama-3.2-1B-Instruct/config.json"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("num_attention_heads", -4, "-4"),
+        ("num_attention_heads", 0, "0"),
+        ("hidden_size", 2048.5, "2048.5"),
+        ("num_key_value_heads", "8", '"8"'),
+        ("intermediate_size", True, "true"),
+        ("vocab_size", -1, "-1"),
+        ("head_dim", 0, "0"),
+        ("num_local_experts", -8, "-8"),
+    ],
+)
+def test_a_nonsensical_shape_field_is_one_line_naming_the_file_and_field(tmp_path, field, value, shown):
+    """A config.json whose shape field is not a positive integer (an expert count: not a
+    non-negative one) stops the manifest with one line, not a traceback from an operator's
+    shape rule or from transformers."""
+    config = json.loads(TINY.read_text())
+    config[field] = value
+    path = tmp_path / "bad" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(config))
+    with pytest.raises(KbNanoError) as exc:
+        generate([str(path.parent)], [1], [1], "auto", REPO)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(path) in msg and f"field {field!r} is {shown}; expected" in msg, msg
+
+
+def test_rotary_cache_above_the_bound_is_not_covered_and_llama4_scout_is_measured(tmp_path):
+    """A max_position_embeddings whose cos/sin cache would exceed ROTARY_CACHE_MAX_BYTES makes
+    rotary_embedding not covered (no job whose allocation fails as the candidate's row);
+    Llama-4 Scout's 10485760 positions (2.5 GiB) stay measured."""
+    from kb_nano.operators.rotary import ROTARY_CACHE_MAX_BYTES
+
+    config = json.loads(TINY.read_text())
+    config["max_position_embeddings"] = 10**12
+    path = tmp_path / "huge" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(config))
+    (s,) = generate([str(path.parent)], [1], [1], "auto", REPO, targets=["rotary_embedding"])["scenarios"]
+    assert s["applicable"] is False and s["reason"].startswith("not covered: the cos/sin cache"), s
+    assert "max_position_embeddings=1000000000000" in s["reason"] and "8 GiB" in s["reason"]
+    (scout,) = generate(["llama4-scout"], [8], [1], "auto", REPO, targets=["rotary_embedding"])["scenarios"]
+    assert scout["applicable"] is True and scout["init_args"]["max_position_embeddings"] == 10485760
+    assert 10485760 * scout["init_args"]["rotary_dim"] * 2 < ROTARY_CACHE_MAX_BYTES

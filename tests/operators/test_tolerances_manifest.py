@@ -32,10 +32,11 @@ def test_tolerance_classes():
         assert by_op[name] == TOLERANCES["pointwise"], name
     assert by_op["rotary_embedding"] == TOLERANCES["rotary"]  # the baseline's own bf16 error (base.py)
     assert by_op["lm_head"] == TOLERANCES["gemm"]
-    for name in ("attention", "mlp", "fused_moe"):
+    for name in ("mlp", "fused_moe"):
         assert by_op[name] == TOLERANCES["fused"], name
+    assert by_op["attention"] == TOLERANCES["attention"]
     assert by_op["sampler"] == TOLERANCES["exact"]
-    assert tolerance_for(operators.get("attention"), "bfloat16") == (2e-2, 1.6e-2)
+    assert tolerance_for(operators.get("attention"), "bfloat16") == (1.2e-1, 1.6e-2)
     assert tolerance_for(operators.get("rms_norm"), "float32") == (1e-5, 1e-5)
     for table in TOLERANCES.values():  # looser for fewer mantissa bits
         assert table["float32"] <= table["float16"] <= table["bfloat16"]

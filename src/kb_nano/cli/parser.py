@@ -168,13 +168,27 @@ def build_parser(root: Path | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# where each command's finished work lies after a Ctrl-C (commands that write none say only "interrupted")
+# where each command's finished work lies after a Ctrl-C (commands that write none say only
+# "interrupted"), and the merged file built from it: a merge the Ctrl-C stopped loses its
+# output (Snakemake deletes a killed job's outputs), which the next run rebuilds
 INTERRUPT_KEEPS = {
-    "kernels": "results/kernels/",
-    "capture-golden": "results/golden/",
-    "e2e": "results/e2e/",
-    "eval": "results/eval/",
+    "kernels": ("results/kernels/", "results/kernels.parquet"),
+    "capture-golden": ("results/golden/", None),
+    "e2e": ("results/e2e/", "results/e2e.parquet"),
+    "eval": ("results/eval/", "results/eval.parquet"),
 }
+
+
+def interrupt_line(command: str, signum: signal.Signals | None) -> str:
+    """The last line of a run of ``command`` that ``signum`` (None: a plain
+    ``KeyboardInterrupt``) interrupted: where its finished shards are kept, and that a
+    merged file an interrupted merge deleted is rebuilt from them by the next run."""
+    how = f" ({signum.name})" if signum is not None else ""
+    kept, merged = INTERRUPT_KEEPS.get(command, (None, None))
+    line = f"interrupted{how}" + (f"; finished shards are kept under {kept}" if kept else "")
+    if merged:
+        line += f"; {merged}, if its merge was stopped, is rebuilt from them on the next run"
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +217,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {not_a_directory(blocker)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        kept = INTERRUPT_KEEPS.get(args.command)
-        how = f" ({exc.signum.name})" if isinstance(exc, SignalInterrupt) else ""
-        print(f"interrupted{how}" + (f"; finished shards are kept under {kept}" if kept else ""), file=sys.stderr)
+        signum = exc.signum if isinstance(exc, SignalInterrupt) else None
+        print(interrupt_line(args.command, signum), file=sys.stderr)
         return 130

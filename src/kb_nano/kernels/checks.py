@@ -42,9 +42,14 @@ Violation = tuple[str, str] | None
 
 
 def flatten_outputs(out) -> list:
-    """A call's outputs as a list (a tensor, or a tuple/list of tensors and None)."""
-    if isinstance(out, (tuple, list)):
-        return list(out)
+    """A call's outputs as a list (a tensor, or a tuple/list of tensors and None). A
+    subclass of tuple or list (a namedtuple) counts as one, its items read through the
+    base class's own iterator (a subclass's ``__iter__``/``__len__`` could answer each
+    rule differently)."""
+    if isinstance(out, tuple):
+        return list(tuple.__iter__(out))
+    if isinstance(out, list):
+        return list(list.__iter__(out))
     return [out]
 
 
@@ -56,15 +61,18 @@ def dense_outputs(out):
     baseline returns them, so an output in another layout (a transposed or strided view)
     costs the copy a model's next op would need, in the candidate's own time rather than
     in the untimed copy to the slot, which the judge's clock would take for hidden work.
-    The check is ``is_contiguous()`` per output, a no-op for row-major outputs."""
+    The check is ``is_contiguous()`` per output, a no-op for row-major outputs. A tuple or
+    list, subclasses included (a namedtuple), comes back as a plain tuple or list
+    (:func:`flatten_outputs`), so every later rule walks the same items."""
 
     def dense(o):
         if type(o) is torch.Tensor and o.layout == torch.strided and not o.is_contiguous():
             return o.contiguous()
         return o
 
-    if type(out) in (tuple, list):
-        return type(out)(dense(o) for o in out)
+    if isinstance(out, (tuple, list)):
+        items = [dense(o) for o in flatten_outputs(out)]
+        return tuple(items) if isinstance(out, tuple) else items
     return dense(out)
 
 

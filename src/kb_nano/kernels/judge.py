@@ -39,7 +39,7 @@ from kb_nano.kernels.inputs import Refresher, apply_edge_case, generator, make_i
 from kb_nano.kernels.pool import LIVE_WORKERS, Pool, WorkerHandle
 from kb_nano.kernels.procs import kill_tree, process_tampering, strays, wait_idle
 from kb_nano.kernels.shm import SharedTensors
-from kb_nano.kernels.verdict import Verdict, ask
+from kb_nano.kernels.verdict import Verdict, ask, reported_times
 from kb_nano.operators.base import DTYPES
 
 IDLE_CPU_S = 0.005  # CPU a candidate's process may use while the baseline is timed (+10% of that batch)
@@ -263,7 +263,7 @@ class Measurement:
         for done in range(0, max(num_warmup, 2), self.k):
             n = min(self.k, max(num_warmup, 2) - done)
             self._refill(refresh, n)
-            warm += self.batch(self.base, 0, n, "warmup")[0]["times_ms"]
+            warm += reported_times(self.batch(self.base, 0, n, "warmup")[0], "times_ms", n, "base")
             self.batch(self.cand, 0, n, "warmup")
         k = blocks.batch_calls(float(timing.summarize(warm)[0]), self.per_slot_bytes(), self.device, num_runs)
         if k != self.k:
@@ -345,18 +345,16 @@ class Measurement:
                 return
         self._check_slots(slice(0, n), f"in the timed calls ({timer} timer)")
         for side, reply, judge_ms in (("base", rb, tb), ("cand", rc, tc)):
-            times = [float(t) for t in reply["times_ms"]][:n]
-            if len(times) != n:
-                raise Verdict("runtime_error", f"the {side} worker reported {len(times)} times for {n} calls")
+            times = reported_times(reply, "times_ms", n, side, positive=timer != "kernel")
             p[side] += times
             p[f"judge_{side}"].append(judge_ms)
             p[f"rep_{side}"].append(sum(times) * replays)  # all the device time the batch reported
             p[f"block_{side}"].append(sum(times) / n)  # the batch total per call: what the judge's clock vouches for
             if timer == "kernel":
-                p[f"span_{side}"] += [float(t) for t in reply["span_ms"]][:n]
+                p[f"span_{side}"] += reported_times(reply, "span_ms", n, side, positive=False)
                 p[f"kernels_{side}"] += [int(t) for t in reply["kernels"]][:n]
         if timer == "kernel":
-            p["hidden"].append(float(rc.get("hidden_ms") or 0.0))
+            p["hidden"] += reported_times({"hidden_ms": [rc.get("hidden_ms") or 0.0]}, "hidden_ms", 1, "cand", False)
 
     def check_scheduling(self) -> None:
         """``tampered`` when :func:`kb_nano.kernels.procs.process_tampering` finds the

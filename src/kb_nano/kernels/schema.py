@@ -14,7 +14,7 @@ the job holds its device lease; so two rows holding one device never have overla
 seconds only. ``seed`` is the measurement's seed, drawn from the OS (``--seed`` replays
 it); ``sandbox`` says how the candidate's worker was confined (``landlock abi N``, or
 ``none: why``). ``tolerance_used`` is the share of the allowed error
-(``atol + rtol * |ref|``, :func:`kb_nano.kernels.compare.compare`) the worst compared
+(``atol * min(1, rms(ref)) + rtol * |ref|``, :func:`kb_nano.kernels.compare.compare`) the worst compared
 element used (1.0 = at the limit). ``load_avg_start`` / ``load_avg_end`` are the host's
 1-minute load average (``os.getloadavg``) when the judge starts and ends the row,
 ``cpus_available`` the CPUs of its affinity mask (``os.sched_getaffinity``): a load above

@@ -199,11 +199,21 @@ def load_config(ref: ModelRef, root: Path):
     multimodal checkpoint its text decoder's config (``get_text_config()``, with
     :data:`TEXT_INHERITS` from the top level).
 
-    Raises ``KbNanoError`` when the file is not a loadable Hugging Face config.
+    Raises ``KbNanoError`` when the file is not a loadable Hugging Face config, or a shape
+    field's value is not a positive integer (:func:`check_shape_fields`).
     """
     from transformers import AutoConfig
 
     path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
+    file = path if path.name == "config.json" else path / "config.json"
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        data = None  # AutoConfig reports it
+    if isinstance(data, dict):
+        for fields in (data, data.get("text_config")):
+            if isinstance(fields, dict):
+                check_shape_fields(fields, file)
     try:
         with quiet_transformers():
             config = AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
@@ -224,6 +234,40 @@ def config_sha256(ref: ModelRef, root: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# The integer fields the operators' shapes come from: each must be a positive integer
+# when the config sets it (missing required ones are reported by model_facts itself).
+SHAPE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "num_hidden_layers",
+    "moe_intermediate_size",
+    "num_experts_per_tok",
+)
+# expert counts: 0 means a dense model (kb_nano.operators.moe.num_experts)
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts")
+
+
+def check_shape_fields(fields: dict, path: Path) -> None:
+    """Every field of :data:`SHAPE_FIELDS` that ``fields`` (a config.json's object, or its
+    ``text_config``) sets to a value other than null is a positive integer, and every one
+    of :data:`EXPERT_COUNT_FIELDS` a non-negative one (``true`` is not an integer here).
+    Raises ``KbNanoError`` naming ``path``, the field, its value and what is expected: a
+    head count of -4 or 0 would otherwise fail later as a traceback inside an operator's
+    shape rule, or inside transformers."""
+    for names, least, what in ((SHAPE_FIELDS, 1, "a positive integer"), (EXPERT_COUNT_FIELDS, 0, "an integer >= 0")):
+        for field in names:
+            value = fields.get(field)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise KbNanoError(f"{path}: field {field!r} is {json.dumps(value)}; expected {what}")
+
+
 def model_facts(config, ref: ModelRef) -> dict:
     """The kernel-relevant facts of a ``transformers`` config as a plain dict.
 
@@ -233,7 +277,8 @@ def model_facts(config, ref: ModelRef) -> dict:
     (``rope_parameters`` of transformers 5: rope_type, rope_theta and scaling fields),
     partial_rotary_factor, tie_word_embeddings. ``head_dim`` falls back to
     hidden_size / num_attention_heads as in the transformers Llama code.
-    Raises ``KbNanoError`` naming a required field the config lacks.
+    Raises ``KbNanoError`` naming a required field the config lacks (its values were
+    checked by :func:`load_config`).
     """
 
     def need(field):

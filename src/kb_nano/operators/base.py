@@ -112,7 +112,10 @@ SEMANTICS = {
 
 
 # Correctness tolerances (atol, rtol) per operator numerics class and dtype; a candidate
-# passes when every element has |cand - ref| <= atol + rtol * |ref| (torch.allclose).
+# passes when every element has |cand - ref| <= atol * min(1, rms(ref)) + rtol * |ref|
+# (torch.allclose, the absolute part in units of the output's scale: outputs of rms below 1
+# get a proportionally smaller atol, kb_nano.kernels.compare). The atol values are for an
+# output of rms 1, the scale of a model's activations (vLLM's tests draw N(0, 1) inputs).
 # - pointwise: elementwise ops and one-row reductions (norms, activations, rotary,
 #   embedding): at most a few roundings of the output. bf16 atol 1e-2 (vLLM's kernel tests)
 #   and rtol 1.6e-2, fp16 1e-3 / 2e-3, fp32 1e-5. rtol is two units in the last place at
@@ -126,10 +129,21 @@ SEMANTICS = {
 # - gemm: one long fp32-accumulated dot product rounded once (lm_head): the same bf16/fp16
 #   bounds, fp32 1e-4 because the reduction order over K = hidden_size terms is free.
 # - fused: blocks that round intermediates to the model dtype and then reduce over them
-#   again (attention: probabilities rounded before P @ V and summed over the context;
-#   mlp / fused_moe: activation rounded before the down projection over intermediate_size
-#   terms, expert outputs summed): bf16 atol 2e-2 (vLLM's flash-attention and fused-MoE
-#   tests) / rtol 1.6e-2 (two ulps, above), fp16 4e-3 / 2e-3, fp32 1e-4 / 1e-4.
+#   again (mlp / fused_moe: activation rounded before the down projection over
+#   intermediate_size terms, expert outputs summed in the model dtype): bf16 atol 6e-2 (of
+#   the output's rms) / rtol 1.6e-2 (two ulps, above), fp16 8e-3 (3 more mantissa bits) /
+#   2e-3, fp32 1e-4 / 1e-4. Calibrated against the reference itself: the bf16 baseline
+#   computed in float64 with the same weights needs atol 0.023 x rms (fused_moe,
+#   Qwen3-30B-A3B, tp 1, 64 tokens, 4 draws; mlp: 0.015), and a candidate as accurate as the
+#   reference differs from the baseline by up to the sum of two such errors. Those outputs'
+#   rms is 0.04-0.15, where the unscaled 2e-2 of vLLM's tests was 15-50 % of it: fused_moe
+#   with int8 per-tensor weights passed. Now it needs 0.14 x rms and is incorrect
+#   (tests/kernels/test_hostile_outputs.py).
+# - attention: probabilities rounded to the model dtype before P @ V and summed over the
+#   context. A float64 (flash-like) computation differs from the bf16 baseline by up to
+#   0.096 x rms (Qwen3-8B decode over 256 keys, 64 tokens, rms 0.10), so bf16 atol 0.12;
+#   the outputs' rms is 0.1 (long contexts) to 0.5 (prefill), so the scaled atol stays
+#   within 0.5-3x the unscaled 2e-2 of vLLM's flash-attention tests. fp16 / 8, fp32 1e-4.
 # - rotary: x1*cos - x2*sin rounds each product to the model dtype in the baseline
 #   (vLLM's forward_native) before the difference; where the products cancel, the
 #   baseline's own error is one ulp of the products, not of the output: for N(0, 1)
@@ -140,7 +154,8 @@ SEMANTICS = {
 TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
     "pointwise": {"bfloat16": (1e-2, 1.6e-2), "float16": (1e-3, 2e-3), "float32": (1e-5, 1e-5)},
     "gemm": {"bfloat16": (1e-2, 1.6e-2), "float16": (1e-3, 2e-3), "float32": (1e-4, 1e-4)},
-    "fused": {"bfloat16": (2e-2, 1.6e-2), "float16": (4e-3, 2e-3), "float32": (1e-4, 1e-4)},
+    "fused": {"bfloat16": (6e-2, 1.6e-2), "float16": (8e-3, 2e-3), "float32": (1e-4, 1e-4)},
+    "attention": {"bfloat16": (1.2e-1, 1.6e-2), "float16": (1.5e-2, 2e-3), "float32": (1e-4, 1e-4)},
     "rotary": {"bfloat16": (4e-2, 1.6e-2), "float16": (5e-3, 2e-3), "float32": (1e-5, 1e-5)},
     "exact": {"bfloat16": (0.0, 0.0), "float16": (0.0, 0.0), "float32": (0.0, 0.0)},
 }

@@ -16,7 +16,7 @@ fused kernel keeps the intermediate on chip); FLOPs = ``2 * N * hidden * (2 * I/
 (gate_up GEMM) + ``2 * N * (I/tp) * hidden`` (down GEMM) + 5 per activation element
 (the usual 2·M·N·K GEMM count).
 
-Tolerance: class ``fused`` (bf16 atol 2e-2, rtol 1e-2): the activation is rounded to the
+Tolerance: class ``fused`` (bf16 atol 6e-2 x the output's rms, rtol 1.6e-2): the activation is rounded to the
 model dtype and then reduced over ``I/tp`` terms again by the down projection, so a kernel
 that keeps it in fp32 differs from the baseline by a few output ulps.
 """

@@ -56,9 +56,8 @@ it (``FusedMoE`` with ``has_bias=True``, ``activation="swigluoai"``, ``renormali
   scenarios are drawn N(0, :data:`SWIGLU_INPUT_STD`^2): pre-activations of std ~3.5, the
   limit (7) binding on ~2 % of the gate and ~4 % of the up values (every token has some),
   and ``w2_weight`` drawn :data:`SWIGLU_W2_SCALE` times narrower, so the output's rms is
-  ~0.1 as in the other MoE scenarios: with activations up to ~56, an output of rms ~1 made
-  two honest bf16 kernels differ by more than the tolerance (rounding its larger partial
-  sums). The biases are drawn of the size of what they are added to: ``w13_bias``
+  ~0.1 as in the other MoE scenarios (the tolerance scales with the rms, so the size
+  itself no longer matters). The biases are drawn of the size of what they are added to: ``w13_bias``
   U(-1, 1), ``w2_bias`` U(-0.1, 0.1). A kernel without the clamp is then ``incorrect`` on
   ~17 % of the elements, one without the up clamp on ~5 %, one without either bias too
   (``tests/operators/test_moe_gpt_oss.py``).
@@ -98,8 +97,8 @@ bias) + hidden states, router logits and output once; FLOPs = ``N * k * (2 * hid
 ``benchmark_moe`` counts them, plus the activation), plus the same count of the shared
 experts' width once per token.
 
-Tolerance: class ``fused`` (bf16 atol 2e-2, rtol 1e-2; vLLM's fused-MoE tests use atol
-2e-2): each expert's activation is rounded and reduced again by ``w2``, and up to k expert
+Tolerance: class ``fused`` (bf16 atol 6e-2 x the output's rms, whose rms is ~0.04-0.15;
+rtol 1.6e-2: :data:`kb_nano.operators.base.TOLERANCES`): each expert's activation is rounded and reduced again by ``w2``, and up to k expert
 outputs are summed in the model dtype, in an order a fused kernel may change.
 """
 
@@ -258,10 +257,13 @@ class FusedMoE(nn.Module):
         self.swiglu = (float(swiglu_alpha), float(swiglu_limit)) if activation == "swigluoai" else None
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * shard_size, hidden_size, dtype=dtype))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, shard_size, dtype=dtype))
-        # nn.Linear's default init per expert (uniform +-1/sqrt(fan_in)): outputs of order 1.
-        w2_bound = shard_size**-0.5 / (SWIGLU_W2_SCALE if self.swiglu else 1.0)
-        nn.init.uniform_(self.w13_weight, -(hidden_size**-0.5), hidden_size**-0.5)
-        nn.init.uniform_(self.w2_weight, -w2_bound, w2_bound)
+        # normal, of nn.Linear's default variance per expert (that of uniform +-1/sqrt(fan_in),
+        # 1 / (3 fan_in)): trained weights are closer to normal than to uniform, and a
+        # per-tensor int8 quantization of uniform weights loses little more than bf16 does
+        # (see the module docstring)
+        w2_std = (3 * shard_size) ** -0.5 / (SWIGLU_W2_SCALE if self.swiglu else 1.0)
+        nn.init.normal_(self.w13_weight, std=(3 * hidden_size) ** -0.5)
+        nn.init.normal_(self.w2_weight, std=w2_std)
         self.w13_bias = self.w2_bias = None
         if has_bias:
             self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * shard_size, dtype=dtype))

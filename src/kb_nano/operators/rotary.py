@@ -48,6 +48,12 @@ from kb_nano.operators.base import (
 )
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "dynamic", "yarn", "longrope")
+# Largest cos/sin cache (max_position_embeddings x rotary_dim x the dtype's bytes) a scenario
+# builds: 8 GiB, 3x Llama-4 Scout's (10485760 x 128 x 2 B = 2.5 GiB, the longest context of
+# the vendored models). Each of the two workers builds its own copy (a non-persistent
+# buffer), so a larger one would take most of a 23 GiB CPU host, or fail to allocate, and
+# the failure would be the candidate's row; such a model's rotary_embedding is not covered.
+ROTARY_CACHE_MAX_BYTES = 8 << 30
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox_style: bool) -> torch.Tensor:
@@ -302,6 +308,14 @@ def _init_args(facts: dict, tp: int) -> dict:
     rotary_dim = int(head_dim * facts["partial_rotary_factor"])
     if turn is not None and turn.get("head_size"):  # MLA: the rope slice of each head is all that turns
         head_dim = rotary_dim = turn["head_size"]
+    positions = int(facts["max_position_embeddings"])
+    cache_bytes = positions * rotary_dim * element_size(facts["dtype"])
+    if cache_bytes > ROTARY_CACHE_MAX_BYTES:
+        raise NotApplicable(
+            f"not covered: the cos/sin cache of max_position_embeddings={positions} x rotary_dim={rotary_dim} in "
+            f"{facts['dtype']} is {cache_bytes / 2**30:.4g} GiB, above the {ROTARY_CACHE_MAX_BYTES >> 30} GiB "
+            "kb-nano builds (kb_nano.operators.rotary.ROTARY_CACHE_MAX_BYTES)"
+        )
     return {
         "head_size": head_dim,
         "rotary_dim": rotary_dim,
