@@ -69,7 +69,7 @@ def test_per_scenario_metrics_chart_one_row_across_runs(two_runs):
     per_row = sorted(k for k in m if k.startswith("speedup/"))
     assert per_row == [f"speedup/{ROW_METRIC}", "speedup/rms_norm/llama31-8b__tp1__n64 torch_fused"]
     assert not any(k.startswith(("speedup_ci_", "baseline_ms/", "candidate_ms/")) for k in m)
-    assert m["geomean_speedup"] == pytest.approx((1.2 * 0.9) ** 0.5)  # the summary is still there
+    assert m["geomean_speedup"] == pytest.approx((1.2 * 0.9) ** 0.5, rel=5e-4)  # the summary, 4 digits
     # one scenario across runs, as the UI's chart of that metric reads it
     runs = c.search_runs([a["experiment_id"]], order_by=["attributes.start_time ASC"])
     assert [r.data.metrics[f"speedup/{ROW_METRIC}"] for r in runs] == pytest.approx([1.2, 1.5])
@@ -80,7 +80,7 @@ def test_thousands_of_rows_are_logged_in_batches(tmp_path):
     rec = tracking.log_kernels(**result_set(tmp_path, rows), tracking_uri=tracking.default_tracking_uri(tmp_path))
     m = tracking.client(rec["tracking_uri"]).get_run(rec["run_id"]).data.metrics
     assert sum(k.startswith("speedup/") for k in m) == 1100
-    assert m["speedup/rms_norm/llama31-8b__tp1__n1100 torch_fused"] == pytest.approx(1.1099)
+    assert m["speedup/rms_norm/llama31-8b__tp1__n1100 torch_fused"] == 1.11  # 1.1099 to 4 significant digits
 
 
 def test_the_merged_rows_are_a_table_artifact(two_runs, monkeypatch):

@@ -13,14 +13,16 @@ import sys
 import pytest
 from matplotlib.colors import to_hex
 from matplotlib.container import BarContainer, ErrorbarContainer
+from matplotlib.text import Text
 from tracking_helpers import result_set, row
 from workflow_helpers import copy_workflow
 
 from kb_nano import tracking
 from kb_nano.tracking.perf_plots import perf_figure, perf_plot, perf_series
 from kb_nano.tracking.plot_style import BASELINE, BASELINE_COLOR, PALETTE, provider_colors, shape_label, variant_of
-from kb_nano.tracking.plots import MAX_POINT_LABELS, bandwidth_figure, speedup_figure
+from kb_nano.tracking.plots import CROWDED_LABELS, bandwidth_figure
 from kb_nano.tracking.report_table import TABLE_COLUMNS, kernels_table_html, write_kernels_table
+from kb_nano.tracking.speedup_plots import speedup_figure
 
 
 def _timed(target: str, cand: str, base: float, ms: float, **kw) -> dict:
@@ -62,12 +64,16 @@ def test_shape_labels_and_variants():
     assert variant_of({"variant": "ctx256", "scenario_id": "x"}) == "ctx256"
 
 
-def test_provider_colors_fixed_per_name_and_distinct_within_a_target():
-    colors = provider_colors(_rows())
+def test_provider_colors_distinct_over_the_result_set_and_none_for_skipped_only():
+    rows = _rows() + [row("rms_norm", "triton_only", status="skipped")]
+    colors = provider_colors(rows)
     assert colors[BASELINE] == BASELINE_COLOR
-    assert colors["rms_norm/torch_fused"] == PALETTE[0] and colors["rms_norm/triton_rowwise"] == PALETTE[1]
-    # the same name gets the same colour whatever else the result set holds
-    assert provider_colors(_rows()[:2])["rms_norm/torch_fused"] == colors["rms_norm/torch_fused"]
+    cands = sorted({r["candidate"] for r in rows if r["status"] != "skipped"})
+    # every candidate that ran has its own colour, across targets too (the roofline plot
+    # draws several targets' candidates in one panel), in the order of the sorted ids
+    assert [colors[c] for c in cands] == PALETTE[: len(cands)]
+    assert len({colors[c] for c in cands} | {BASELINE_COLOR}) == len(cands) + 1
+    assert "rms_norm/triton_only" not in colors  # only skipped: drawn nowhere
 
 
 def test_perf_series_baseline_median_passed_points_and_not_passed_list():
@@ -165,19 +171,38 @@ def test_speedup_bars_carry_intervals_and_hatch_the_not_significant():
     assert lo < 0.7 and hi > 1.8  # the whiskers fit
 
 
-def test_bandwidth_points_labelled_by_shape_unless_crowded():
+def _labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts if t.get_gid() == "point_label"]
+
+
+def test_bandwidth_points_labelled_by_shape_even_when_crowded():
     fig = bandwidth_figure(_rows())
     ax_bw, ax_fl = fig.get_axes()
-    texts = sorted({t.get_text() for t in ax_bw.texts})
-    assert texts == ["n1", "n16", "n32 ctx1024", "n64", "n8 ctx1024"]
+    assert sorted(set(_labels(ax_bw))) == ["n1", "n16", "n32 ctx1024", "n64", "n8 ctx1024"]
     # one label per shape and position, though each has a baseline and candidate points
-    assert len([t for t in ax_bw.texts if t.get_text() == "n8 ctx1024"]) == 1
+    assert _labels(ax_bw).count("n8 ctx1024") == 1
     crowded = []
-    for n in range(MAX_POINT_LABELS + 1):
+    for n in range(2 * CROWDED_LABELS):
         crowded.append(dict(row("rms_norm", "torch_fused", n=n + 1), bytes_moved=1000 * (n + 1)))
-    ax_bw, _ = bandwidth_figure(crowded).get_axes()
-    assert len(ax_bw.texts) == 0
-    assert f"point labels left out above {MAX_POINT_LABELS}" in ax_bw.get_title(loc="left")
+    fig = bandwidth_figure(crowded)
+    fig.canvas.draw()
+    ax_bw, _ = fig.get_axes()
+    notes = " ".join(t.get_text() for t in ax_bw.texts if t.get_gid() == "unplaced_labels")
+    # every shape is labelled at its point or listed under the panel: none left out
+    for n in range(2 * CROWDED_LABELS):
+        assert f"n{n + 1}" in _labels(ax_bw) or f"n{n + 1}:" in notes
+    assert len(_labels(ax_bw)) > CROWDED_LABELS
+    boxes = [Text.get_window_extent(t) for t in ax_bw.texts if t.get_gid() == "point_label"]  # less leader lines
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    frame = ax_bw.get_window_extent()
+    assert all(frame.x0 - 1 <= b.x0 and b.x1 <= frame.x1 + 1 for b in boxes)
+
+
+def test_bandwidth_candidates_of_two_targets_differ_in_colour():
+    rows = [_timed("rms_norm", "torch_fused", 0.02, 0.016), _timed("silu_and_mul", "inplace", 0.03, 0.02)]
+    ax_bw, _ = bandwidth_figure(rows).get_axes()
+    filled = {to_hex(ln.get_color()) for ln in ax_bw.get_lines() if ln.get_markerfacecolor() != "none"}
+    assert filled - {BASELINE_COLOR} == {PALETTE[0], PALETTE[1]}
 
 
 def test_kernels_table_html(tmp_path):

@@ -17,7 +17,8 @@ from tracking_helpers import mlflow_server, result_set, row
 
 from kb_nano import tracking
 from kb_nano.errors import KbNanoError
-from kb_nano.tracking.plots import achieved, bandwidth_plot, device_peak, speedup_plot
+from kb_nano.tracking.plots import achieved, bandwidth_plot, device_peak
+from kb_nano.tracking.speedup_plots import speedup_plot
 
 ROWS = [
     row("rms_norm", "torch_fused", speedup=1.2),

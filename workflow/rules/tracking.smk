@@ -16,7 +16,7 @@ rule plot_kernels:
         parquet="results/kernels.parquet",
         code=[
             str(kbw.PACKAGE_DIR / f"tracking/{m}.py")
-            for m in ("plots", "perf_plots", "plot_style")
+            for m in ("plots", "speedup_plots", "perf_plots", "plot_style")
         ],
     output:
         speedup=report(

@@ -6,7 +6,7 @@ Modules: :mod:`~kb_nano.tracking.store` (the store's URI, client, lock), :mod:`~
 :mod:`~kb_nano.tracking.selection` (what a logged run selected), :mod:`~kb_nano.tracking.kernels`
 and :mod:`~kb_nano.tracking.e2e` (each tier's params, metrics and log call); the names
 other modules use are imported here. The readers :mod:`~kb_nano.tracking.history`
-(``kb_nano history``), :mod:`~kb_nano.tracking.plots` and
+(``kb_nano history``), :mod:`~kb_nano.tracking.plots`, :mod:`~kb_nano.tracking.speedup_plots` and
 :mod:`~kb_nano.tracking.perf_plots` (the kernel plots),
 :mod:`~kb_nano.tracking.report_table` (the HTML table) and :mod:`~kb_nano.tracking.ui`
 (``kb_nano mlflow-ui``'s server) are not imported here: import them by their own path.

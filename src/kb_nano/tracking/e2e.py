@@ -9,7 +9,7 @@ import kb_nano
 from kb_nano.provenance import git_sha, package_version
 from kb_nano.tracking.digest import e2e_candidate_hashes, result_digest
 from kb_nano.tracking.kernels import _distinct, config_digest, read_parquet_rows
-from kb_nano.tracking.runs import log_run
+from kb_nano.tracking.runs import log_run, row_span_ms
 from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX
 
 
@@ -135,6 +135,7 @@ def log_e2e(
         metrics=e2e_metrics(rows),
         tags=tags,
         artifacts={"results": [Path(parquet), Path(json_path)], **_vllm_artifacts(vllm_files, root)},
+        spans=[row_span_ms(r) for r in rows],
         marker=marker,
     )
     return record

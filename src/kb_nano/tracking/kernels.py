@@ -12,9 +12,9 @@ from kb_nano.errors import KbNanoError
 from kb_nano.provenance import git_sha, package_version
 from kb_nano.tracking.digest import candidate_hashes, file_sha256, result_digest
 from kb_nano.tracking.recorded import recorded_in
-from kb_nano.tracking.runs import log_run
+from kb_nano.tracking.runs import log_run, row_span_ms
 from kb_nano.tracking.selection import row_variant
-from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, CONFIG_KEY, row_metric_name
+from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, CONFIG_KEY, four_digits, row_metric_name
 
 # The columns of the run's table artifact (TABLE_ARTIFACT), in this order: what answers
 # "is it correct, how much faster" first (the MLflow UI shows the leftmost columns).
@@ -104,13 +104,40 @@ def table_rows(rows: list[dict]) -> list[dict]:
     by scenario and candidate, numbers other than integers to 4 significant digits (the
     full values are in the run's ``results/`` files)."""
     ordered = sorted(rows, key=lambda r: (r["scenario_id"], r["candidate"]))
-    return [{k: _shown(r.get(k)) for k in TABLE_COLUMNS} for r in ordered]
+    return [{k: four_digits(r.get(k)) for k in TABLE_COLUMNS} for r in ordered]
 
 
-def _shown(value):
-    if isinstance(value, float) and math.isfinite(value):
-        return float(f"{value:.4g}")
-    return value
+NOTE_TAG = "mlflow.note.content"  # the run's Description in the MLflow UI (Markdown)
+
+
+def run_note(rows: list[dict], cands: dict[str, str | None], digest: str) -> str:
+    """The run's Description (Markdown, :data:`NOTE_TAG`): the summary line and one table
+    row per candidate (full id, the first 12 hex digits of its source SHA-256, rows run,
+    passed, geomean speedup over passed rows), what the UI's tag chips cut short (the
+    full hash is the tag ``kb_nano.candidate.<id>``)."""
+    from kb_nano.rows import geomean
+
+    m = kernel_metrics(rows)
+    lines = [
+        f"**kb-nano kernels**: {len(rows)} rows ({int(m['passed'])} passed, {int(m['failed'])} failed, "
+        f"{int(m['skipped'])} skipped)"
+        + (f"; geomean speedup over passed rows {m['geomean_speedup']:.3f}x" if "geomean_speedup" in m else ""),
+        "",
+        "| candidate | source sha256 (12) | rows run | passed | geomean speedup |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for cid in sorted(cands):
+        mine = [r for r in rows if r["candidate"] == cid and r["status"] != "skipped"]
+        passed = [r for r in mine if r["status"] == "passed"]
+        g = geomean(r.get("speedup") for r in passed)
+        lines.append(
+            f"| {cid} | `{(cands[cid] or 'unknown')[:12]}` | {len(mine)} | {len(passed)} | {f'{g:.3f}x' if g else '-'} |"
+        )
+    lines += [
+        "",
+        f"targets: {_distinct(rows, 'target', ', ')}; models: {_distinct(rows, 'model', ', ')}; digest: `{digest[:12]}`",
+    ]
+    return "\n".join(lines)
 
 
 def _distinct(rows: list[dict], field: str, sep: str = ",") -> str:
@@ -224,6 +251,7 @@ def log_kernels(
         "kb_nano.models": ",".join(models),
         "kb_nano.rows_artifact": f"results/{Path(json_path).name}",
         **{f"{CANDIDATE_TAG_PREFIX}{cid}": sha or "unknown" for cid, sha in cands.items()},
+        NOTE_TAG: run_note(rows, cands, digest),
     }
     params = kernel_params(rows, config, root)
     record = log_run(
@@ -239,6 +267,7 @@ def log_kernels(
             "inputs": [Path(manifest)],
         },
         tables={TABLE_ARTIFACT: table_rows(rows)},
+        spans=[row_span_ms(r) for r in rows],
         marker=marker,
         recorded=lambda c, experiment_id: recorded_in(c, tracking_uri, experiment_id, tier, rows, cands),
         row_keys=[f"{r['scenario_id']} {r['candidate']}" for r in rows],

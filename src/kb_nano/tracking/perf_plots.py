@@ -11,7 +11,12 @@ Providers are the baseline (grey, one point per scenario: the median of the
 ``baseline_ms`` of the scenario's passed rows) and each candidate (colours of
 :func:`~kb_nano.tracking.plot_style.provider_colors`, the same in every panel and in the
 speedup plot). Only passed rows make points; the others are named in a note under the
-panel (``triton_rowwise skipped: n1 n16``). :func:`perf_series` returns the numbers,
+panel (``triton_rowwise skipped: n1 n16``). A candidate's point carries an error bar, its
+row's 95% rerun interval: the speedup interval (``speedup_ci_low`` .. ``speedup_ci_high``,
+:func:`kb_nano.stats.speedup_interval`) carried to the candidate's time, ``baseline_ms /
+speedup_ci_high`` .. ``baseline_ms / speedup_ci_low`` (and its GB/s), i.e. how far a rerun
+may put the candidate relative to the baseline; the candidates' bars are set apart by a
+small shift along num_tokens so that they do not hide each other. :func:`perf_series` returns the numbers,
 :func:`perf_figure` the matplotlib ``Figure``, :func:`perf_plot` writes the PNG.
 """
 
@@ -30,6 +35,7 @@ from kb_nano.tracking.plot_style import (
     save,
     short_name,
     variant_of,
+    widen_log_limits,
 )
 
 METRICS = {
@@ -53,6 +59,17 @@ def _value(ms: float | None, nbytes: int | None, metric: str) -> float | None:
     return nbytes / (ms * 1e-3) / 1e9 if nbytes else None
 
 
+def _interval(r: dict, metric: str) -> tuple[float, float] | None:
+    """A passed row's 95% rerun interval carried to its candidate's value: the times
+    ``baseline_ms / speedup_ci_high`` .. ``baseline_ms / speedup_ci_low`` (ms), as
+    ``(low, high)`` of ``metric``; None without a positive interval or baseline time."""
+    lo, hi, base = r.get("speedup_ci_low"), r.get("speedup_ci_high"), r.get("baseline_ms")
+    if not (lo and hi and base and 0 < lo <= hi and base > 0):
+        return None
+    ends = [_value(base / s, r.get("bytes_moved"), metric) for s in (hi, lo)]
+    return None if None in ends else (min(ends), max(ends))
+
+
 def _group_key(r: dict, by_device: bool) -> tuple:
     device = (r.get("device_name") or r.get("device") or "unknown") if by_device else ""
     return (r["target"], r["model"], r["tp"], variant_of(r), device)
@@ -70,8 +87,11 @@ def perf_series(rows: list[dict], metric: str = "ms") -> list[dict]:
     Keys: ``target``, ``model``, ``tp``, ``variant`` (``""`` for none), ``device`` (``""``
     unless the rows come from several devices), ``lines`` (``{provider: [(num_tokens,
     value), ...]}`` sorted by num_tokens, :data:`~kb_nano.tracking.plot_style.BASELINE`
-    first, then the candidate ids sorted; value in ms or GB/s) and ``not_passed``
-    (``[(candidate, status, num_tokens), ...]`` of the group's rows that did not pass)."""
+    first, then the candidate ids sorted; value in ms or GB/s), ``intervals``
+    (``{candidate: [(num_tokens, low, high), ...]}``, the 95% rerun interval of the value,
+    see the module's doc, for the points whose row has one; the median of each bound
+    where several rows make a point) and ``not_passed`` (``[(candidate, status,
+    num_tokens), ...]`` of the group's rows that did not pass)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {sorted(METRICS)}, not {metric!r}")
     by_device = len({r.get("device_name") or r.get("device") or "unknown" for r in rows}) > 1
@@ -83,6 +103,7 @@ def perf_series(rows: list[dict], metric: str = "ms") -> list[dict]:
         passed = [r for r in grows if r["status"] == "passed"]
         base: dict[int, list[float]] = {}
         cand: dict[str, dict[int, list[float]]] = {}
+        bounds: dict[str, dict[int, list[tuple[float, float]]]] = {}
         for r in passed:
             n = r["num_tokens"]
             if r.get("baseline_ms") and r["baseline_ms"] > 0:
@@ -90,6 +111,9 @@ def perf_series(rows: list[dict], metric: str = "ms") -> list[dict]:
             v = _value(r.get("candidate_ms"), r.get("bytes_moved"), metric)
             if v is not None:
                 cand.setdefault(r["candidate"], {}).setdefault(n, []).append(v)
+                ci = _interval(r, metric)
+                if ci is not None:
+                    bounds.setdefault(r["candidate"], {}).setdefault(n, []).append(ci)
         nbytes = {r["num_tokens"]: r.get("bytes_moved") for r in passed}
         lines: dict[str, list[tuple[int, float]]] = {}
         bline = [(n, _value(statistics.median(ms), nbytes[n], metric)) for n, ms in sorted(base.items())]
@@ -99,6 +123,13 @@ def perf_series(rows: list[dict], metric: str = "ms") -> list[dict]:
             lines[c] = [(n, statistics.median(vs)) for n, vs in sorted(cand[c].items())]
         if not lines:
             continue
+        intervals = {
+            c: [
+                (n, statistics.median(lo for lo, _ in cis), statistics.median(hi for _, hi in cis))
+                for n, cis in sorted(by_n.items())
+            ]
+            for c, by_n in sorted(bounds.items())
+        }
         not_passed = sorted((r["candidate"], r["status"], r["num_tokens"]) for r in grows if r["status"] != "passed")
         target, model, tp, variant, device = key
         level = min(r.get("level") or 0 for r in grows)
@@ -111,6 +142,7 @@ def perf_series(rows: list[dict], metric: str = "ms") -> list[dict]:
                 "variant": variant,
                 "device": device,
                 "lines": lines,
+                "intervals": intervals,
                 "not_passed": not_passed,
             }
         )
@@ -156,6 +188,7 @@ def perf_figure(rows: list[dict], metric: str = "ms", title: str | None = None):
         ax.remove()  # no empty panels
     for ax, panel in zip(axes, panels):
         ns = sorted({n for pts in panel["lines"].values() for n, _ in pts})
+        _error_bars(ax, panel, colors)
         for provider, pts in panel["lines"].items():
             base = provider == BASELINE
             ax.plot(
@@ -175,11 +208,7 @@ def perf_figure(rows: list[dict], metric: str = "ms", title: str | None = None):
         ax.xaxis.set_major_locator(FixedLocator(ns))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_locator(NullLocator())
-        lo, hi = ax.get_ylim()
-        if hi / lo < 4:  # a narrow range: widen it so that the log ticks have labels
-            mid = math.sqrt(lo * hi)
-            lo, hi = mid / 2, mid * 2
-            ax.set_ylim(lo, hi)
+        lo, hi = widen_log_limits(ax.yaxis)
         log_axis(ax.yaxis, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if hi / lo < 20 else (1.0, 2.0, 5.0))
         ax.grid(which="major", alpha=0.3)
         ax.set_title(panel_title(panel), loc="left", fontsize=9)
@@ -190,9 +219,35 @@ def perf_figure(rows: list[dict], metric: str = "ms", title: str | None = None):
         note = _note(panel["not_passed"])
         if note:
             ax.text(0.0, -0.2, note, transform=ax.transAxes, fontsize=6, va="top", ha="left", color="#666666")
-    fig.suptitle(title or f"kb-nano kernels: {what}", fontsize=11)
+    bars = (
+        "; bars: 95% rerun interval of the candidate relative to the baseline"
+        if any(p["intervals"] for p in panels)
+        else ""
+    )
+    fig.suptitle((title or f"kb-nano kernels: {what}") + bars, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))
     return fig
+
+
+def _error_bars(ax, panel: dict, colors: dict) -> None:
+    """Each candidate's intervals as error bars (``gid="interval <candidate>"``), shifted
+    by a factor of 2**(0.06 k) along num_tokens for the k-th candidate from the middle."""
+    cands = list(panel["intervals"])
+    for k, cand in enumerate(cands):
+        pts = dict(panel["lines"][cand])
+        shift = 2 ** (0.06 * (k - (len(cands) - 1) / 2))
+        xs = [n * shift for n, _, _ in panel["intervals"][cand]]
+        ys = [pts[n] for n, _, _ in panel["intervals"][cand]]
+        err = [
+            [max(pts[n] - lo, 0.0) for n, lo, _ in panel["intervals"][cand]],
+            [max(hi - pts[n], 0.0) for n, _, hi in panel["intervals"][cand]],
+        ]
+        container = ax.errorbar(
+            xs, ys, yerr=err, fmt="none", ecolor=colors.get(cand, "black"), elinewidth=1.0, capsize=2.5, alpha=0.8
+        )
+        container.set_label(f"_interval {cand}")
+        for artist in container.lines[2]:
+            artist.set_gid(f"interval {cand}")
 
 
 def perf_plot(rows: list[dict], out: Path, metric: str = "ms", title: str | None = None) -> Path:

@@ -3,9 +3,11 @@
 colours, readable log-axis ticks, and how a row's scenario shape is named.
 
 Colours are keyed by provider name: the baseline is always :data:`BASELINE_COLOR`, and
-the candidates of one target take :data:`PALETTE` in the order of their sorted names, so
-a candidate keeps its colour in every panel and every plot of a result set, and two
-candidates of one target never share a colour (up to ``len(PALETTE)`` per target).
+the candidates that ran (at least one row not ``skipped``) take :data:`PALETTE` in the
+order of their sorted ids over the whole result set, so a candidate keeps its colour in
+every panel and every plot of a result set, and no two candidates share one (up to
+``len(PALETTE)`` candidates; more reuse it from the start). Candidates that only have
+skipped rows get no colour: no plot draws them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,25 @@ FAILED_COLOR = "#d62728"
 SKIPPED_COLOR = "#8c8c8c"
 BASELINE_COLOR = "#555555"
 BASELINE = "baseline"
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+# matplotlib's tab10 then tab20's light tones, less red (failures) and grey (baseline, skipped)
+PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#9edae5",
+    "#dbdb8d",
+]
 MAX_WIDTH_IN = 30.0
 
 
@@ -67,14 +87,28 @@ def log_axis(axis, suffix: str = "", subs=(1.0, 2.0, 5.0)) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def ran(rows: list[dict]) -> list[dict]:
+    """The rows that are not ``skipped`` (measured, passed or failed)."""
+    return [r for r in rows if r["status"] != "skipped"]
+
+
+def widen_log_limits(axis, factor: float = 4.0) -> tuple[float, float]:
+    """Widen a log axis spanning less than ``factor`` to ``factor`` around its geometric
+    middle, so that its ticks have labels; returns the final ``(low, high)``."""
+    lo, hi = sorted(axis.get_view_interval())
+    if lo > 0 and hi / lo < factor:
+        mid = math.sqrt(lo * hi)
+        lo, hi = mid / math.sqrt(factor), mid * math.sqrt(factor)
+        axis.set_view_interval(lo, hi, ignore=True)
+    return lo, hi
+
+
 def provider_colors(rows: list[dict]) -> dict[str, str]:
-    """``{provider: colour}``: :data:`BASELINE` -> :data:`BASELINE_COLOR`, and per target
-    its candidates (sorted ids) -> :data:`PALETTE` in order."""
-    colors = {BASELINE: BASELINE_COLOR}
-    for target in sorted({r["target"] for r in rows}):
-        cands = sorted({r["candidate"] for r in rows if r["target"] == target})
-        colors.update({c: PALETTE[i % len(PALETTE)] for i, c in enumerate(cands)})
-    return colors
+    """``{provider: colour}``: :data:`BASELINE` -> :data:`BASELINE_COLOR`, and the
+    candidates with a row that is not skipped (sorted ids, all targets together) ->
+    :data:`PALETTE` in order."""
+    cands = sorted({r["candidate"] for r in ran(rows)})
+    return {BASELINE: BASELINE_COLOR, **{c: PALETTE[i % len(PALETTE)] for i, c in enumerate(cands)}}
 
 
 def variant_of(row: dict) -> str:
@@ -98,24 +132,50 @@ def short_name(candidate: str) -> str:
     return candidate.split("/", 1)[-1]
 
 
-def annotate_points(ax, points: dict[tuple[float, str], float], fontsize: float = 6.0) -> None:
-    """Label points ``{(x, text): y}`` (data coordinates) with ``text`` just right of each,
-    moving a label up in steps of one text line while it would overlap one already placed
-    (an estimate from the font size in pixels; call after the axes limits are final), and
-    drawing a thin leader line to its point when moved."""
+def annotate_points(
+    ax, points: dict[tuple[float, str], float], fontsize: float = 6.0, draw: bool = True
+) -> list[tuple[float, str]]:
+    """Label points ``{(x, text): y}`` (data coordinates) with ``text`` beside each,
+    without overlap: a label goes right of its point, else left, moved up or down in
+    steps of one text line (nearest first) while it would overlap one already placed or
+    leave the axes (an estimate from the font size in pixels; call after the axes limits
+    and the layout are final); a moved label gets a thin leader line to its point.
+    Returns the ``(x, text)`` keys that found no free place (not drawn), for the caller
+    to list elsewhere; with ``draw=False`` only that (nothing is drawn)."""
     fig = ax.get_figure()
     px = fontsize * fig.dpi / 72.0  # pixels per point of font size
+    frame = ax.get_window_extent()
     placed: list[tuple[float, float, float, float]] = []  # x0, y0, x1, y1 in pixels
+    markers = [
+        (mx - 4, my - 4, mx + 4, my + 4)
+        for ln in ax.get_lines()
+        if ln.get_marker() not in (None, "", "None")
+        for mx, my in ax.transData.transform(ln.get_xydata())
+    ]
+    left_over = []
+    steps = [0] + [s * k for k in range(1, 40) for s in (1, -1)]
     for (x, text), y in sorted(points.items(), key=lambda kv: (kv[0][0], kv[1])):
         x0, y0 = ax.transData.transform((x, y))
         w, h = 0.62 * px * len(text), 1.25 * px
-        dx, dy = 0.5 * px + 6.0, 0.0  # clear of a marker of 8 points
-        for _ in range(12):
-            box = (x0 + dx, y0 + dy - h / 2, x0 + dx + w, y0 + dy + h / 2)
-            if not any(b[0] < box[2] and box[0] < b[2] and b[1] < box[3] and box[1] < b[3] for b in placed):
+        spot = None
+        for k in steps:
+            for dx in (0.5 * px + 6.0, -(0.5 * px + 6.0) - w):  # clear of a marker of 8 points
+                box = (x0 + dx, y0 + k * h - h / 2, x0 + dx + w, y0 + k * h + h / 2)
+                inside = frame.x0 <= box[0] and box[2] <= frame.x1 and frame.y0 <= box[1] and box[3] <= frame.y1
+                if inside and not any(
+                    b[0] < box[2] and box[0] < b[2] and b[1] < box[3] and box[1] < b[3] for b in placed + markers
+                ):
+                    spot = (dx, k * h, box)
+                    break
+            if spot:
                 break
-            dy += h
+        if spot is None:
+            left_over.append((x, text))
+            continue
+        dx, dy, box = spot
         placed.append(box)
+        if not draw:
+            continue
         ax.annotate(
             text,
             (x, y),
@@ -125,5 +185,7 @@ def annotate_points(ax, points: dict[tuple[float, str], float], fontsize: float 
             va="center",
             fontsize=fontsize,
             color="#333333",
+            gid="point_label",
             arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "#999999"} if dy else None,
         )
+    return left_over

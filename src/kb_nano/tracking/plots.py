@@ -1,41 +1,35 @@
-"""Plots of merged kernel results (matplotlib, Agg canvas; no pyplot global state).
+"""The roofline-style plot of merged kernel results (matplotlib, Agg canvas; no pyplot
+global state) and :func:`kernel_plots`, which writes every kernel plot.
 
-- :func:`speedup_plot`: speedup (baseline median / candidate median) per scenario per
-  candidate, one panel per target, log scale, a line at 1.0, the 95% rerun interval
-  (``speedup_ci_low`` .. ``speedup_ci_high``) as an error bar, hatched bars where the
-  speedup is not ``significant``; rows that did not pass are marked with a red ✗ and
-  their status, skipped rows with a grey ○.
-- :func:`bandwidth_plot`: roofline-style view of passed rows: achieved memory bandwidth
-  (``bytes_moved`` / median time, GB/s) and achieved FLOP rate (``flops`` / median time,
-  GFLOP/s) against arithmetic intensity, with the device's peak bandwidth and peak FLOP
-  rate drawn only when :data:`DEVICE_PEAKS` knows the device (datasheet values; no peak
-  is drawn for CPUs or unknown GPUs, and the panel says so); each scenario's points are
-  labelled by their shape (``n64``, ``n8 ctx1024``) while a panel has few scenarios.
-
-Both write a PNG (100 dpi) and return its path; :func:`speedup_figure` and
-:func:`bandwidth_figure` return the matplotlib ``Figure`` instead. The perf_report-style
-plots (time and GB/s against num_tokens) are in :mod:`kb_nano.tracking.perf_plots`.
+:func:`bandwidth_plot`: achieved memory bandwidth (``bytes_moved`` / median time, GB/s)
+against bytes moved, and achieved FLOP rate (``flops`` / median time, GFLOP/s) against
+arithmetic intensity, of the passed rows, with the device's peak bandwidth and peak FLOP
+rate drawn only when :data:`DEVICE_PEAKS` knows the device (datasheet values; no peak is
+drawn for CPUs or unknown GPUs, and the panel says so); every scenario's points are
+labelled by their shape (``n64``, ``n8 ctx1024``), and a label that finds no free place
+is listed under its panel. It writes a PNG (100 dpi) and returns its path;
+:func:`bandwidth_figure` returns the matplotlib ``Figure`` instead. The speedup plot is in
+:mod:`kb_nano.tracking.speedup_plots`, the perf_report-style plots (time and GB/s against
+num_tokens) in :mod:`kb_nano.tracking.perf_plots`.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from pathlib import Path
 
-from kb_nano.kernels.merge import status_counts, summarize
 from kb_nano.tracking.plot_style import (
     BASELINE_COLOR,
     FAILED_COLOR,
-    MAX_WIDTH_IN,
-    SKIPPED_COLOR,
     annotate_points,
     figure,
+    human,
     log_axis,
     message_figure,
     provider_colors,
     save,
     shape_label,
+    widen_log_limits,
 )
 
 # Device peaks: (lower-case substring of torch.cuda.get_device_name(), peak memory
@@ -75,7 +69,7 @@ DEVICE_PEAKS: list[tuple[str, float, dict[str, float], str]] = [
     ),
 ]
 
-MAX_POINT_LABELS = 24  # a roofline panel with more scenario shapes than this gets no point labels
+CROWDED_LABELS = 24  # above this many shapes a roofline panel's point labels get a smaller font
 TARGET_MARKERS = ["o", "s", "^", "D", "v", "P", "*", "h"]  # roofline marker shape per target
 
 
@@ -101,135 +95,6 @@ def achieved(row: dict, side: str = "candidate") -> tuple[float | None, float | 
     gbs = nbytes / sec / 1e9 if nbytes else None
     gflops = flops / sec / 1e9 if flops else None
     return gbs, gflops
-
-
-def _scenario_label(row: dict) -> str:
-    return f"{row['model']}\ntp{row['tp']} {shape_label(row)}"
-
-
-def _passed_speedup(r: dict) -> float | None:
-    s = r.get("speedup")
-    return s if r["status"] == "passed" and s and s > 0 else None
-
-
-def _interval(r: dict) -> tuple[float, float] | None:
-    lo, hi = r.get("speedup_ci_low"), r.get("speedup_ci_high")
-    return (lo, hi) if lo and hi and 0 < lo <= hi else None
-
-
-def speedup_figure(rows: list[dict], title: str = "kb-nano kernels: speedup over the PyTorch baseline"):
-    """The figure of :func:`speedup_plot` (a matplotlib ``Figure``, not saved)."""
-    targets = sorted(
-        {r["target"] for r in rows}, key=lambda t: (min(r["level"] or 0 for r in rows if r["target"] == t), t)
-    )
-    if not targets:
-        return message_figure("no kernel rows in this result set")
-    colors = provider_colors(rows)
-    widths = []
-    for t in targets:
-        n_sc = len({r["scenario_id"] for r in rows if r["target"] == t})
-        n_c = len({r["candidate"] for r in rows if r["target"] == t})
-        widths.append(n_sc * max(n_c, 1) * 0.45 + 2)
-    width = min(max(8.0, *widths), MAX_WIDTH_IN)
-    fig = figure(width, 3.4 * len(targets) + 0.8)
-    axes = fig.subplots(len(targets), 1, squeeze=False)[:, 0]
-    ends = [1.0]
-    for r in rows:
-        if _passed_speedup(r):
-            ends += [r["speedup"], *(_interval(r) or ())]
-    limits = (min(ends) / 1.6, max(ends) * 1.6)
-    for ax, target in zip(axes, targets):
-        _speedup_panel(ax, target, [r for r in rows if r["target"] == target], colors, limits)
-    height = fig.get_figheight()
-    fig.suptitle(
-        title + "\nbars from 1.0 (above = faster); whiskers: 95% rerun interval; hatched: not significant",
-        fontsize=10,
-    )
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / height))
-    return fig
-
-
-def _speedup_bar(ax, x: float, width: float, r: dict, color: str) -> None:
-    """One passed row: a bar from 1.0 to its speedup (hatched when not significant), the
-    95% interval as a whisker, the value past the whisker's end."""
-    s = r["speedup"]
-    ax.bar(
-        x,
-        s - 1.0,
-        bottom=1.0,
-        width=width,
-        color=color,
-        edgecolor="black",
-        linewidth=0.4,
-        hatch=None if r.get("significant") else "//",
-        label=r["candidate"],
-    )
-    ci = _interval(r)
-    if ci:
-        err = [[max(s - ci[0], 0.0)], [max(ci[1] - s, 0.0)]]
-        ax.errorbar([x], [s], yerr=err, fmt="none", ecolor="black", elinewidth=0.9, capsize=3, label=r["scenario_id"])
-    up = s >= 1
-    end = (ci[1] if up else ci[0]) if ci else s
-    ax.text(x, end * (1.04 if up else 0.96), f"{s:.2f}x", ha="center", va="bottom" if up else "top", fontsize=7)
-
-
-def _speedup_panel(ax, target: str, trows: list[dict], colors: dict, limits: tuple[float, float]) -> None:
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    scenarios = list(OrderedDict.fromkeys(r["scenario_id"] for r in trows))
-    cands = sorted({r["candidate"] for r in trows})
-    by_key = {(r["scenario_id"], r["candidate"]): r for r in trows}
-    bar_w = 0.8 / max(len(cands), 1)
-    for j, cand in enumerate(cands):
-        for i, sid in enumerate(scenarios):
-            r = by_key.get((sid, cand))
-            if r is None:
-                continue
-            x = i - 0.4 + bar_w * (j + 0.5)
-            status = r["status"]
-            if _passed_speedup(r):
-                _speedup_bar(ax, x, bar_w * 0.9, r, colors[cand])
-            elif status == "skipped":
-                ax.plot([x], [1.0], marker="o", mfc="none", mec=SKIPPED_COLOR, ms=7, ls="none")
-            else:
-                ax.plot([x], [1.0], marker="X", color=FAILED_COLOR, ms=11, ls="none", mec="black", mew=0.5)
-                ax.text(x, 1.0 * 0.93, status, ha="center", va="top", fontsize=7, color=FAILED_COLOR, rotation=90)
-    ax.axhline(1.0, color="black", ls="--", lw=1)
-    ax.set_yscale("log")
-    ax.set_ylim(*limits)
-    log_axis(ax.yaxis, "x", subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0))
-    ax.set_xlim(-0.6, len(scenarios) - 0.4)
-    ax.set_xticks(range(len(scenarios)))
-    first = {sid: next(r for r in trows if r["scenario_id"] == sid) for sid in scenarios}
-    ax.set_xticklabels([_scenario_label(first[s]) for s in scenarios], fontsize=8)
-    ax.set_ylabel("speedup (log)")
-    failed = summarize([r for r in trows if r["status"] not in ("passed", "skipped")])["by_status"]
-    ax.set_title(f"{target}" + (f"  —  {status_counts(failed)}" if failed else ""), loc="left", fontsize=10)
-    ax.grid(axis="y", which="both", alpha=0.25)
-    handles = [Patch(facecolor=colors[c], edgecolor="black", label=c) for c in cands]
-    if any(_passed_speedup(r) and not r.get("significant") for r in trows):
-        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="not significant"))
-    if failed:
-        handles.append(
-            Line2D([], [], marker="X", color=FAILED_COLOR, ls="none", ms=9, label="not passed (status below)")
-        )
-    if any(r["status"] == "skipped" for r in trows):
-        handles.append(Line2D([], [], marker="o", mfc="none", mec=SKIPPED_COLOR, ls="none", ms=7, label="skipped"))
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-
-
-def speedup_plot(
-    rows: list[dict], out: Path, title: str = "kb-nano kernels: speedup over the PyTorch baseline"
-) -> Path:
-    """Grouped bars of speedup (baseline median ms / candidate median ms) per scenario (x)
-    and candidate (colour, :func:`~kb_nano.tracking.plot_style.provider_colors`), one panel
-    per target, log y axis, dashed line at 1.0 (bars start at 1.0: up = faster). Whiskers
-    are the 95% rerun interval (``speedup_ci_low`` .. ``speedup_ci_high``); a bar whose
-    row is not ``significant`` (the interval includes 1.0, or there is none) is hatched.
-    Rows with a failure status get a red ✗ at 1.0 and the status; skipped rows a grey ○.
-    Writes a PNG to ``out`` (parent created) and returns it."""
-    return save(speedup_figure(rows, title), out)
 
 
 def _device(r: dict) -> str:
@@ -261,10 +126,44 @@ def bandwidth_figure(rows: list[dict], title: str = "kb-nano kernels: achieved b
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.06 + 0.02 * (len(handles) // 4), 1, 0.97))
-    for ax, top in labels:  # placed in pixels, so after the layout
-        if len(top) <= MAX_POINT_LABELS:
-            annotate_points(ax, top)
+    _label_points(fig, labels, rect=(0, 0.06 + 0.02 * (len(handles) // 4), 1, 0.97))
     return fig
+
+
+def _label_points(fig, labels: list[tuple], rect: tuple) -> None:
+    """Label each panel's points by shape (:func:`annotate_points`; placed in pixels, so
+    after the layout). The labels that find no free place are listed under their panel
+    with their coordinates (``gid="unplaced_labels"``); the layout is redone once to make
+    room for that list, sized by a first placement."""
+
+    def size(top: dict) -> float:
+        return 6.0 if len(top) <= CROWDED_LABELS else 5.0
+
+    notes = {}
+    for ax, top in labels:
+        left = annotate_points(ax, top, size(top), draw=False)
+        if left:  # a placeholder of the list's height, so that the layout makes room for it
+            text = "\n".join(["x"] * (2 + len(left) // 6))
+            notes[ax] = ax.text(0.0, -0.2, text, transform=ax.transAxes, fontsize=6, va="top", gid="unplaced_labels")
+    if notes:
+        fig.tight_layout(rect=rect)
+    for ax, top in labels:
+        left = annotate_points(ax, top, size(top))
+        if left and ax not in notes:
+            notes[ax] = ax.text(0.0, -0.2, "", transform=ax.transAxes, fontsize=6, va="top", gid="unplaced_labels")
+        if ax in notes:
+            notes[ax].set_text(_unplaced_text(ax, left, top))
+
+
+def _unplaced_text(ax, left: list[tuple[float, str]], top: dict) -> str:
+    """``labels with no room (shape: x, y): n16: 1.4M, 5.6; ...``, 6 entries a line; ``""``
+    when none."""
+    if not left:
+        return ""
+    xl, yl = ax.get_xlabel().split(" (")[0], ax.get_ylabel()
+    items = [f"{text}: {human(float(f'{x:.3g}'))}, {human(float(f'{top[(x, text)]:.3g}'))}" for x, text in sorted(left)]
+    lines = ["; ".join(items[i : i + 6]) for i in range(0, len(items), 6)]
+    return f"labels with no room (shape: {xl}, {yl}):\n" + "\n".join(lines)
 
 
 def _device_panels(ax_bw, ax_fl, dev: str, drows: list[dict], colors: dict, markers: dict) -> tuple[dict, dict]:
@@ -313,10 +212,9 @@ def _device_panels(ax_bw, ax_fl, dev: str, drows: list[dict], colors: dict, mark
     else:
         note = "device peak unknown (no datasheet entry for this device): no roof drawn"
     for ax in (ax_bw, ax_fl):
-        log_axis(ax.xaxis)
-        log_axis(ax.yaxis)
-    if len(tops[0]) > MAX_POINT_LABELS:
-        label += f"; {len(tops[0])} shapes: point labels left out above {MAX_POINT_LABELS}"
+        for axis in (ax.xaxis, ax.yaxis):
+            widen_log_limits(axis)
+            log_axis(axis)
     ax_bw.set_title(label, loc="left", fontsize=9)
     ax_fl.set_title(note, loc="left", fontsize=7, wrap=True)
     return tops
@@ -333,8 +231,9 @@ def bandwidth_plot(
     Right: achieved GFLOP/s against arithmetic intensity (FLOP/byte) with the roofline
     ``min(peak FLOP/s, AI × peak bandwidth)`` when the device is known. Each scenario's
     points are labelled once with its shape (``n64``, ``n8 ctx1024``) right of the highest
-    of them (moved up, with a leader line, where labels would overlap), while a panel has
-    at most :data:`MAX_POINT_LABELS` shapes. CUDA and CPU rows
+    of them (moved, with a leader line, where labels would overlap; in a smaller font above
+    :data:`CROWDED_LABELS` shapes); a label with no free place in its panel is listed under
+    the panel with its point's coordinates. CUDA and CPU rows
     alike (CPU: no peak line; the panel names the reason). Writes a PNG to ``out`` and
     returns it."""
     return save(bandwidth_figure(rows, title), out)
@@ -367,6 +266,7 @@ def kernel_plots(
     are given) the perf_report-style time and GB/s plots of
     :mod:`kb_nano.tracking.perf_plots`; returns the paths written."""
     from kb_nano.tracking.perf_plots import perf_plot
+    from kb_nano.tracking.speedup_plots import speedup_plot
 
     paths = [speedup_plot(rows, speedup_out), bandwidth_plot(rows, bandwidth_out)]
     for metric, out in (("ms", time_out), ("gbs", gbs_out)):

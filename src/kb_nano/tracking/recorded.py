@@ -20,7 +20,14 @@ from pathlib import Path
 
 from kb_nano.errors import KbNanoError
 from kb_nano.tracking.digest import canonical_rows
-from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX, ROWS_ARTIFACT, _retry, metric_name, row_metric_name
+from kb_nano.tracking.store import (
+    CANDIDATE_TAG_PREFIX,
+    ROWS_ARTIFACT,
+    _retry,
+    four_digits,
+    metric_name,
+    row_metric_name,
+)
 
 # Tier -> the fields naming a row (one candidate on one scenario) across runs.
 ROW_KEYS = {"kernels": ("scenario_id", "candidate")}
@@ -107,14 +114,20 @@ def _probes(row: dict) -> list[tuple[str, float]]:
     """The per-row metrics a run holding a passed ``row`` logged for it, as ``(name,
     value)``: its speedup (:func:`~kb_nano.tracking.store.row_metric_name`), and the
     ``candidate_ms/<scenario_id>/<candidate>`` metric of runs logged while kb-nano recorded
-    five metrics per row. Empty for a row that did not pass."""
+    five metrics per row; each at the value kb-nano logs now (4 significant digits,
+    :func:`~kb_nano.tracking.store.four_digits`) and at full precision (runs logged before
+    metrics were rounded). Empty for a row that did not pass."""
     if row.get("status") != "passed":
         return []
     named = (
         (row_metric_name(row), row.get("speedup")),
         (metric_name("candidate_ms", row["scenario_id"], row["candidate"]), row.get("candidate_ms")),
     )
-    return [(name, v) for name, v in named if isinstance(v, float) and math.isfinite(v)]
+    probes = []
+    for name, v in named:
+        if isinstance(v, float) and math.isfinite(v):
+            probes += [(name, four_digits(v))] + ([(name, v)] if four_digits(v) != v else [])
+    return probes
 
 
 def recorded_in(
@@ -135,7 +148,7 @@ def recorded_in(
     set whose rows are spread over several runs (a full sweep after a filtered rerun) is
     a combination no run records, and is logged as a run of its own.
 
-    Searches only runs started after the oldest row was measured (less
+    Searches only runs that ended after the oldest row was measured (less
     :data:`CLOCK_SLACK`) and downloads a run's rows only when it may hold every row (its
     targets and candidate tags, its per-row metrics). Raises ``KbNanoError``
     when a run's rows cannot be read."""
@@ -147,7 +160,7 @@ def recorded_in(
     times = [t for t in (_created(r) for r in need.values()) if t is not None]
     where = "attributes.status = 'FINISHED'"
     if times:
-        where += f" and attributes.start_time >= {int((min(times) - CLOCK_SLACK).timestamp() * 1000)}"
+        where += f" and attributes.end_time >= {int((min(times) - CLOCK_SLACK).timestamp() * 1000)}"
     if not _newest_is_logged(mlflow_client, experiment_id, where, list(need.values())):
         return []
     token = None

@@ -23,6 +23,7 @@ from kb_nano.tracking.store import (
     artifact_root,
     client,
     experiment_name,
+    four_digits,
     store_lock,
 )
 from kb_nano.tracking.ui_view import ensure_view
@@ -57,6 +58,55 @@ def ensure_experiment(mlflow_client, tier: str, uri: str) -> str:
     return exp.experiment_id
 
 
+def _ms(text) -> int | None:
+    try:
+        when = datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    return int(when.timestamp() * 1000) if when.tzinfo else None
+
+
+def row_span_ms(row: dict) -> tuple[int, int] | None:
+    """When a row was measured, as ``(start, end)`` in ms since the epoch: its
+    ``started_at`` .. ``ended_at`` (Tier 1), else ``created_at`` less ``wall_s`` ..
+    ``created_at`` (Tiers 2 and 3, where the shard is written at the job's end); None
+    when the row has no timezone-aware timestamp."""
+    start, end = _ms(row.get("started_at")), _ms(row.get("ended_at"))
+    if start is not None and end is not None:
+        return start, end
+    end = _ms(row.get("created_at"))
+    if end is None:
+        return None
+    wall = row.get("wall_s")
+    return end - int(1000 * wall) if isinstance(wall, int | float) and wall >= 0 else end, end
+
+
+def run_times(mlflow_client, experiment_id: str, spans: list) -> tuple[int | None, int | None]:
+    """A new run's ``(start_time, end_time)`` in ms from its rows' measurement spans
+    (:func:`row_span_ms`; None entries ignored): the rows that ended after the
+    experiment's newest FINISHED run ended (those this invocation measured; rows reused
+    from earlier runs do not stretch the run back to when they were measured) give the
+    first start and the last end. ``(None, None)``, i.e. MLflow's clock at logging, when
+    no row is newer (a combination of earlier measurements: the run is then still the
+    newest by start time) or there are no spans.
+    """
+    spans = [s for s in spans if s is not None]
+    if not spans:
+        return None, None
+    newest = _retry(
+        mlflow_client.search_runs,
+        [experiment_id],
+        "attributes.status = 'FINISHED'",
+        max_results=1,
+        order_by=["attributes.end_time DESC"],
+    )
+    after = newest[0].info.end_time if newest and newest[0].info.end_time else None
+    fresh = [s for s in spans if after is None or s[1] > after]
+    if not fresh:
+        return None, None
+    return min(start for start, _ in fresh), max(end for _, end in fresh)
+
+
 def find_runs_by_digest(mlflow_client, experiment_id: str, digest: str) -> list:
     """FINISHED, active runs of the experiment tagged with ``digest``, oldest first
     (ties broken by run id, so every process picks the same one)."""
@@ -83,8 +133,15 @@ def log_run(
     marker: Path | None = None,
     recorded: Callable | None = None,
     row_keys: list[str] | None = None,
+    spans: list | None = None,
 ) -> dict:
     """Record one result set as an MLflow run, idempotently.
+
+    The run's start and end times are those of the measurement (``spans``: each row's
+    :func:`row_span_ms`; see :func:`run_times`), so the UI's Duration is how long the
+    measuring took, not how long logging took. Metric values are rounded by
+    :func:`~kb_nano.tracking.store.four_digits` (4 significant digits; counts exact): the
+    UI's runs table and charts show them as logged.
 
     A ``params["git_sha"]`` other than ``unknown`` also becomes the
     ``mlflow.source.git.commit`` tag; with ``marker`` the returned record is written
@@ -103,7 +160,7 @@ def log_run(
     them all under ``recorded_in``. Otherwise a run is created,
     named by the first 12 characters of its id (what ``kb_nano history`` and the CLI
     show), with ``params`` (values truncated to 6000 chars), ``metrics`` (step 0, 1000 per
-    ``log_batch`` call), ``tags`` (plus tier and digest), ``artifacts`` (``{artifact dir:
+    ``log_batch`` call, rounded), ``tags`` (plus tier and digest), ``artifacts`` (``{artifact dir:
     [local files]}``) and ``tables`` (``{artifact file (.json): rows}``, written as
     ``MlflowClient.log_table`` does, so the UI shows them as tables), then set FINISHED (FAILED
     if logging raises). SQLite writers hold :func:`store_lock`; against a server a
@@ -128,6 +185,7 @@ def log_run(
         tables=tables,
         lock_timeout_s=lock_timeout_s,
         recorded=recorded,
+        spans=spans,
     )
     if marker is not None:
         logged_at = datetime.now(UTC).isoformat(timespec="microseconds")
@@ -148,6 +206,7 @@ def _log_run(
     tables: dict[str, list[dict]] | None = None,
     lock_timeout_s: float = 600.0,
     recorded: Callable | None = None,
+    spans: list | None = None,
 ) -> dict:
     """The MLflow part of :func:`log_run` (what it creates, and when it creates nothing:
     see there).
@@ -174,13 +233,16 @@ def _log_run(
         all_tags = {**tags, "kb_nano.tier": tier, DIGEST_TAG: digest}
         if tables:  # what MlflowClient.log_table records: the UI renders these files as tables
             all_tags[LOGGED_ARTIFACTS_TAG] = json.dumps([{"path": f, "type": "table"} for f in tables])
-        run = _retry(c.create_run, exp_id, tags={k: str(v)[:MAX_TAG_CHARS] for k, v in all_tags.items()})
+        start, end = run_times(c, exp_id, spans or [])
+        run = _retry(
+            c.create_run, exp_id, start_time=start, tags={k: str(v)[:MAX_TAG_CHARS] for k, v in all_tags.items()}
+        )
         run_id = run.info.run_id
         try:
             _retry(c.update_run, run_id, name=run_id[:RUN_NAME_CHARS])
-            now = int(time.time() * 1000)
+            now = end or int(time.time() * 1000)
             plist = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
-            mlist = [Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())]
+            mlist = [Metric(k, four_digits(float(v)), now, 0) for k, v in sorted(metrics.items())]
             for i in range(0, len(plist), 100):
                 _retry(c.log_batch, run_id, params=plist[i : i + 100])
             for i in range(0, len(mlist), 1000):
@@ -189,7 +251,7 @@ def _log_run(
                 for p in paths:
                     _retry(c.log_artifact, run_id, str(p), artifact_path=art_dir or None)
             _log_tables(c, run_id, tables or {})
-            _retry(c.set_terminated, run_id, "FINISHED")
+            _retry(c.set_terminated, run_id, "FINISHED", end_time=end)
         except BaseException:
             with contextlib.suppress(Exception):
                 c.set_terminated(run_id, "FAILED")

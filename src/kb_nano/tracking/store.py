@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import re
 import time
@@ -40,6 +41,16 @@ LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # a run's table artifacts (Mlfl
 UI_WORKFLOW_QUERY = "workflowType=machine_learning"
 ROW_METRIC = "speedup"  # the one per-row metric of a kernel run (row_metric_name)
 _METRIC_ILLEGAL = re.compile(r"[^A-Za-z0-9_\-. ]")
+
+
+def four_digits(value):
+    """``value`` as MLflow shows it: a finite float that is not a whole number rounded to
+    4 significant digits (``1.0431234`` -> ``1.043``, ``0.0123456`` -> ``0.01235``); whole
+    numbers (counts), non-floats and non-finite values unchanged. Full precision stays in
+    the run's ``results/`` files."""
+    if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+        return float(f"{value:.4g}")
+    return value
 
 
 def experiment_name(tier: str) -> str:
