@@ -6,4 +6,12 @@ merged results. Arguments after ``--`` go to Snakemake unchanged
 (``kb_nano kernels -- --profile profiles/slurm``).
 """
 
-from kb_nano.cli.parser import build_parser, main  # noqa: F401
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``kb_nano`` entry point (``pyproject.toml``'s script): :func:`kb_nano.cli.parser.main`,
+    imported when called so that importing a submodule (``kb_nano.cli.flags``) does not
+    import every command's module and no submodule imports this package back.
+    Returns the process exit status."""
+    from kb_nano.cli.parser import main as parser_main
+
+    return parser_main(argv)
