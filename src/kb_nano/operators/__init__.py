@@ -29,6 +29,7 @@ CATALOG: dict[str, CatalogEntry] = {
     "qk_norm": CatalogEntry(1, "norm", "kb_nano.operators.norms"),
     "silu_and_mul": CatalogEntry(1, "activation", "kb_nano.operators.activations"),
     "gelu_and_mul": CatalogEntry(1, "activation", "kb_nano.operators.activations"),
+    "swigluoai_and_mul": CatalogEntry(1, "activation", "kb_nano.operators.activations"),
     "rotary_embedding": CatalogEntry(1, "positional", "kb_nano.operators.rotary"),
     "embedding": CatalogEntry(1, "embedding", "kb_nano.operators.embedding"),
     "lm_head": CatalogEntry(1, "embedding", "kb_nano.operators.lm_head"),

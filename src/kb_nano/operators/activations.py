@@ -1,5 +1,7 @@
 """Gated activations of the MLP: ``silu_and_mul`` (vLLM ``SiluAndMul``, SwiGLU: Llama, Qwen,
-Mistral) and ``gelu_and_mul`` (vLLM ``GeluAndMul(approximate="tanh")``, GeGLU: Gemma)."""
+Mistral), ``gelu_and_mul`` (vLLM ``GeluAndMul(approximate="tanh")``, GeGLU: Gemma) and
+``swigluoai_and_mul`` (vLLM ``SwigluOAIAndMul``, gpt-oss's clamped SwiGLU between its
+experts' two GEMMs)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from kb_nano.operators.base import (
     normal,
     shard,
 )
+from kb_nano.operators.moe_parts import swiglu_oai
 
 
 class SiluAndMul(nn.Module):
@@ -32,6 +35,14 @@ class SiluAndMul(nn.Module):
         return F.silu(x[..., :d]) * x[..., d:]
 
 
+def _experts(facts: dict) -> dict:
+    """The module tree's facts of the MoE block's experts (``act``, ``bias``, gpt-oss's
+    ``swiglu_alpha``/``swiglu_limit``: :func:`kb_nano.models.ffn_tree.experts_facts`), ``{}``
+    for a model without an MoE block or facts without the tree."""
+    moe = (facts.get("mlp_blocks") or {}).get("moe") or {}
+    return moe.get("experts") or ({"act": None} if moe else {})
+
+
 def _rows_width(facts: dict, num_tokens: int = 1) -> tuple[int, int]:
     """Rows and width ``intermediate_size`` of the gated activation for ``num_tokens``
     tokens: the model's own dense MLP's width (module tree,
@@ -40,18 +51,19 @@ def _rows_width(facts: dict, num_tokens: int = 1) -> tuple[int, int]:
     ``fused_experts`` (``num_tokens * top_k`` rows of one expert's width,
     ``moe_intermediate_size``); else the config's ``intermediate_size``. Raises
     ``NotApplicable`` (``not covered``) for a model whose only feed-forward blocks are MoE
-    blocks the harness does not cover, or whose experts' activation is another (gpt-oss's
-    clamped SwiGLU, ``swigluoai``: :func:`kb_nano.models.ffn_tree.experts_facts`)."""
+    blocks the harness does not cover, or whose experts' activation is none that
+    :func:`kb_nano.models.ffn_tree.experts_facts` recognises (SiLU-and-mul; gpt-oss's
+    clamped SwiGLU, ``swigluoai``, measured by ``swigluoai_and_mul``)."""
     from kb_nano.operators.moe import moe_intermediate_size
 
     dense = dense_mlp(facts)
     if dense is None and moe_not_covered(facts):
         raise NotApplicable(moe_not_covered(facts))
     moe = (facts.get("mlp_blocks") or {}).get("moe") or {}
-    act = (moe.get("experts") or {}).get("act", "silu")
-    if dense is None and moe and act != "silu":
+    if dense is None and moe and _experts(facts).get("act") not in ("silu", "swigluoai"):
         raise NotApplicable(
-            f"not covered: {moe['class']}'s experts compute {act}, not SiLU-and-mul (measured inside fused_moe)"
+            f"not covered: {moe['class']}'s experts compute an activation kb-nano does not recognise "
+            "(measured inside fused_moe only)"
         )
     if dense is not None and dense["intermediate_size"]:
         return num_tokens, int(dense["intermediate_size"])
@@ -78,7 +90,12 @@ def _uses(act: str, hidden_acts: tuple[str, ...]):
 
     def applies(facts: dict) -> bool:
         dense = dense_mlp(facts)
-        return dense["act"] == act if dense is not None else facts["hidden_act"] in hidden_acts
+        if dense is not None:
+            return dense["act"] == act
+        experts = _experts(facts)
+        if experts:  # an unknown experts' activation (None) is ``not covered``, said by _rows_width
+            return experts.get("act", "silu") in (act, None)
+        return facts["hidden_act"] in hidden_acts
 
     return applies
 
@@ -132,6 +149,56 @@ def _gelu_traffic(args, inputs, dtype):
     return 3 * n * d * es, 10 * n * d
 
 
+class SwigluOAIAndMul(nn.Module):
+    """gpt-oss's clamped SwiGLU: gate ``x[..., 0::2]`` clamped to at most ``limit``, up
+    ``x[..., 1::2]`` clamped to ``[-limit, limit]``, ``(up + 1) * gate * sigmoid(alpha *
+    gate)`` (vLLM ``SwigluOAIAndMul.forward_native``, the activation of ``fused_experts``
+    with ``activation="swigluoai"``; transformers ``GptOssExperts._apply_gate``:
+    :func:`kb_nano.operators.moe_parts.swiglu_oai`). Gate and up columns alternate.
+
+    Args: alpha (``GptOssExperts.alpha``, 1.702), limit (``config.swiglu_limit``, 7.0).
+    Forward: x ``[num_tokens * top_k, 2 * d]`` (``d = intermediate_size / tp``, one expert's
+    width). Returns ``[num_tokens * top_k, d]`` in x's dtype. No parameters.
+    """
+
+    def __init__(self, alpha: float = 1.702, limit: float = 7.0) -> None:
+        super().__init__()
+        self.alpha, self.limit = float(alpha), float(limit)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu_oai(x, self.alpha, self.limit)
+
+
+# std of swigluoai_and_mul's inputs: N(0, 4^2) puts about 8% of the values past the clamp at
+# +-7 and most of the gate where the sigmoid bends, so a candidate without the clamp or with
+# another alpha fails (with N(0, 1) both would pass: |x| > 7 almost never happens)
+SWIGLUOAI_INPUT_STD = 4.0
+
+
+def _swigluoai_applies(facts: dict) -> bool:
+    return _experts(facts).get("act") == "swigluoai"
+
+
+def _swigluoai_init_args(facts: dict, tp: int) -> dict:
+    shard(_rows_width(facts)[1], tp, "intermediate_size")
+    experts = _experts(facts)
+    return {"alpha": experts["swiglu_alpha"], "limit": experts["swiglu_limit"]}
+
+
+def _swigluoai_inputs(args, facts, tp, num_tokens, dtype):
+    rows, width = _rows_width(facts, num_tokens)
+    return [normal("x", [rows, 2 * shard(width, tp, "intermediate_size")], dtype, std=SWIGLUOAI_INPUT_STD)]
+
+
+def _swigluoai_traffic(args, inputs, dtype):
+    n, two_d = inputs[0]["shape"]
+    es = element_size(inputs[0]["dtype"])
+    d = two_d // 2
+    # read gate and up, write out; 3 clamps, alpha * gate, sigmoid (~4: neg, exp, add, div),
+    # gate * sigmoid, up + 1, the final mul = 10 per output element.
+    return 3 * n * d * es, 10 * n * d
+
+
 OPERATORS = {
     "gelu_and_mul": Operator(
         name="gelu_and_mul",
@@ -159,6 +226,22 @@ OPERATORS = {
             "the experts' two GEMMs (num_tokens * top_k rows, vLLM fused_experts)"
         ),
         applies_to=_uses("silu", ("silu",)),
+        reads_module_tree=True,
+        edge_cases=("tiny", "large"),
+    ),
+    "swigluoai_and_mul": Operator(
+        name="swigluoai_and_mul",
+        level=1,
+        category="activation",
+        baseline=SwigluOAIAndMul,
+        init_args=_swigluoai_init_args,
+        inputs=_swigluoai_inputs,
+        traffic=_swigluoai_traffic,
+        used_in=(
+            "layers.*.mlp.experts (gpt-oss: between the experts' two GEMMs, num_tokens * top_k rows of "
+            "interleaved gate/up columns, vLLM fused_experts activation='swigluoai')"
+        ),
+        applies_to=_swigluoai_applies,
         reads_module_tree=True,
         edge_cases=("tiny", "large"),
     ),
