@@ -261,11 +261,12 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
         "experts": {"act": "silu", "bias": False},
     }
     # gpt-oss: attention with sinks per layer kind; its MoE block measured with its own
-    # semantics (biased experts, clamped SwiGLU read from the experts module); no stand-in
-    # silu_and_mul
+    # semantics (biased experts, clamped SwiGLU read from the experts module), that activation
+    # as swigluoai_and_mul (num_tokens * top_k rows); no stand-in silu_and_mul
     assert rows["attention__gpt-oss-20b__tp1__n4__sliding128"]["semantics"] == "sliding_window+sinks"
     assert shapes("attention__gpt-oss-20b__tp1__n4__full") == [[4, 64 * 64], [4, 8 * 64], [4, 8 * 64]]
-    assert reason("silu_and_mul__gpt-oss-20b__tp1__n4").startswith("not covered: GptOssMLP's experts compute swigluoai")
+    assert reason("silu_and_mul__gpt-oss-20b__tp1__n4") == "GptOssForCausalLM does not use silu_and_mul"
+    assert shapes("swigluoai_and_mul__gpt-oss-20b__tp1__n4") == [[16, 2 * 2880]]
     oss = rows["fused_moe__gpt-oss-20b__tp1__n4__gpt_oss"]
     assert oss["semantics"] == "gpt_oss" and shapes(oss["scenario_id"]) == [[4, 2880], [4, 32]]
     assert {k: oss["init_args"][k] for k in ("activation", "has_bias", "swiglu_alpha", "swiglu_limit")} == {
@@ -296,9 +297,11 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
     assert llama4["init_args"]["apply_router_weight_on_input"] and llama4["init_args"]["scoring_func"] == "sigmoid"
     assert llama4["init_args"]["shared_experts_intermediate_size"] == 8192
     assert shapes("silu_and_mul__llama4-scout__tp1__n4") == [[4, 2 * 8192]]
-    # Phi-3.5-MoE normalises with LayerNorm; its MoE block is measured with its own semantics
-    # (sparsemixer top-2 routing), silu_and_mul as its experts' activation
-    assert reason("rms_norm__phi35-moe__tp1__n4").startswith("not covered: the model has no RMSNorm")
+    # Phi-3.5-MoE normalises with LayerNorm (layer_norm, no stand-in rms_norm); its MoE block is
+    # measured with its own semantics (sparsemixer top-2 routing), silu_and_mul as its experts'
+    # activation
+    assert reason("rms_norm__phi35-moe__tp1__n4") == "PhiMoEForCausalLM does not use rms_norm"
+    assert shapes("layer_norm__phi35-moe__tp1__n4") == [[4, 4096]]
     phi = rows["fused_moe__phi35-moe__tp1__n4__phimoe"]
     assert phi["semantics"] == "phimoe" and shapes(phi["scenario_id"]) == [[4, 4096], [4, 16]]
     assert {k: phi["init_args"][k] for k in ("custom_routing_function", "jitter_eps", "renormalize", "top_k")} == {
@@ -326,7 +329,17 @@ def test_a_cpu_sweep_over_other_architectures_measures_or_says_not_covered(tmp_p
     work = copy_workflow(tmp_path)
     proc = kb_nano(
         work,
-        *("kernels", "--target", "rms_norm", "qk_norm", "--model", "gemma3-4b", "phi35-moe", "qwen3-30b-a3b"),
+        *(
+            "kernels",
+            "--target",
+            "rms_norm",
+            "qk_norm",
+            "layer_norm",
+            "--model",
+            "gemma3-4b",
+            "phi35-moe",
+            "qwen3-30b-a3b",
+        ),
         *("--tp", "1", "--num-tokens", "1", "--all-rows"),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -337,9 +350,10 @@ def test_a_cpu_sweep_over_other_architectures_measures_or_says_not_covered(tmp_p
     gemma = rows[("rms_norm__gemma3-4b__tp1__n1__gemma", "rms_norm/torch_fused")]
     assert gemma["status"] == "skipped" and "supported_semantics" in gemma["error"]
     assert rows[("qk_norm__gemma3-4b__tp1__n1__gemma", "qk_norm/fused_rms")]["status"] == "skipped"
-    # LayerNorm is not covered: n/a with the reason, no stand-in measured
+    # Phi-3.5-MoE's LayerNorm is measured as layer_norm; no RMSNorm stand-in
     phi = [r for (sid, _), r in rows.items() if sid == "rms_norm__phi35-moe__tp1__n1"]
-    assert phi and all(r["status"] == "skipped" and "not applicable: not covered" in r["error"] for r in phi)
+    assert phi and all(r["status"] == "skipped" and "does not use rms_norm" in r["error"] for r in phi)
+    assert rows[("layer_norm__phi35-moe__tp1__n1", "layer_norm/var_mean_fp32")]["status"] == "passed"
     # the Llama-form model still passes
     assert rows[("rms_norm__qwen3-30b-a3b__tp1__n1", "rms_norm/torch_fused")]["status"] == "passed"
 

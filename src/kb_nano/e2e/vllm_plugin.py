@@ -65,6 +65,7 @@ NOT_SWAPPABLE = {
     "attention": "vLLM attention is a backend (paged KV cache, block tables, metadata builders); the "
     "kb-nano attention operator works on a dense KV cache, so there is no clean backend to register",
     "mlp": "LlamaMLP-style blocks are plain modules built from vLLM's parallel linear layers, not CustomOps",
+    "layer_norm": "vLLM builds Phi-3.5-MoE's norms as torch.nn.LayerNorm, not a CustomOp",
     "swigluoai_and_mul": "vLLM's fused_experts calls the swigluoai_and_mul kernel itself (torch.ops._C, "
     "activation='swigluoai'), not through the SwigluOAIAndMul layer, so no layer swap reaches it",
     "fused_moe": "FusedMoE's expert weights and quantization methods use vLLM's own layout (w13/w2)",

@@ -130,7 +130,8 @@ class Refresher:
     Random inputs: each spec gets a pool of at least twice a slot's elements drawn from
     its distribution with a generator seeded from the measurement seed; every slot of
     every batch is a window of that pool starting at a random element offset, and for
-    N(0, std^2) inputs also multiplied by a random factor in [0.75, 1.25). So no call
+    N(0, std^2) inputs also multiplied by a random factor in [0.75, 1.25); inputs with
+    ``row_mean_std`` then get per-row offsets, windows of a pool of N(0, row_mean_std^2). So no call
     sees values another call saw, nothing can be predicted without the seed, and a
     refill costs one pass over the slot instead of a random draw per element (which
     costs several times the kernels it feeds). Golden inputs: up to 8 captured draws
@@ -152,10 +153,18 @@ class Refresher:
             ]
         else:
             gen = torch.Generator(device=device).manual_seed((seed ^ 0x9001) + first_draw)
-            self.pools = []
+            self.pools, self.offsets = [], []
             for t, spec in zip(slots, self.specs):
                 n = t[0].numel() if len(t) else 0
-                self.pools.append(refill_(torch.empty(max(2 * n, n + 4096), dtype=t.dtype, device=device), spec, gen))
+                init = spec["init"]
+                flat = {**spec, "init": {k: v for k, v in init.items() if k != "row_mean_std"}}
+                self.pools.append(refill_(torch.empty(max(2 * n, n + 4096), dtype=t.dtype, device=device), flat, gen))
+                offsets = None
+                if init.get("row_mean_std"):  # per-row offsets: a pool of their own, windowed the same way
+                    rows = n // t.shape[-1] if n else 0
+                    offsets = torch.empty(max(2 * rows, rows + 4096), dtype=t.dtype, device=device)
+                    offsets.normal_(0.0, float(init["row_mean_std"]), generator=gen)
+                self.offsets.append(offsets)
         self.calls = 0
 
     def _factor(self) -> float:
@@ -165,7 +174,7 @@ class Refresher:
         """New values in slots ``0 .. n-1``."""
         for k in range(n):
             if self.pools is not None:
-                for t, spec, pool in zip(self.slots, self.specs, self.pools):
+                for t, spec, pool, offsets in zip(self.slots, self.specs, self.pools, self.offsets):
                     size = t[k].numel()
                     off = int(torch.randint(0, pool.numel() - size + 1, (), generator=self.rng))
                     window = pool[off : off + size].view(t[k].shape)
@@ -173,6 +182,10 @@ class Refresher:
                         torch.mul(window, self._factor(), out=t[k])
                     else:
                         t[k].copy_(window)
+                    if offsets is not None:
+                        rows = size // t.shape[-1]
+                        off = int(torch.randint(0, offsets.numel() - rows + 1, (), generator=self.rng))
+                        t[k].add_(offsets[off : off + rows].view(*t[k].shape[:-1], 1))
             else:
                 factor = self._factor()
                 for t, v in zip(self.slots, self.sets[self.calls % len(self.sets)]):

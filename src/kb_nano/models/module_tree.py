@@ -37,8 +37,8 @@ NORM_FORMS = {0.0: "x / rms(x) * weight (LlamaRMSNorm)", 1.0: "x / rms(x) * (1 +
 
 def read(config_fields: dict) -> dict:
     """What the model's own modules compute, from one meta-device build of it with every
-    layer: ``{"hidden_norm": ..., "attention_layers": ...}`` (:func:`hidden_norm`,
-    :func:`attention_layers`). A config transformers cannot build gives both their
+    layer: ``{"hidden_norm": ..., "layer_norm": ..., "attention_layers": ...}`` (:func:`hidden_norm`,
+    :func:`layer_norm`, :func:`attention_layers`). A config transformers cannot build gives both their
     ``not covered`` reason."""
     from kb_nano.operators.base import NotApplicable
     from kb_nano.operators.hf_modules import _meta_causal_lm, hf_config
@@ -53,14 +53,37 @@ def read(config_fields: dict) -> dict:
             "qk_norm": None,
             "mlp_blocks": {"dense": [], "moe": {"class": None, "semantics": "", "reason": reason, "experts": None}},
             "rotary": None,
+            "layer_norm": None,
         }
     return {
         "hidden_norm": hidden_norm(config_fields, lm),
+        "layer_norm": layer_norm(config_fields, lm),
         "attention_layers": attention_layers(lm),
         "qk_norm": qk_norm(lm),
         "mlp_blocks": mlp_blocks(lm),
         "rotary": rotary(lm),
     }
+
+
+def layer_norm(config_fields: dict, lm: torch.nn.Module) -> dict | None:
+    """The hidden-size ``torch.nn.LayerNorm`` of the model (Phi-3.5-MoE's ``input_layernorm``,
+    ``post_attention_layernorm`` and final ``norm``; vLLM builds the same ``nn.LayerNorm``):
+    ``{"class", "eps", "bias"}`` of the first such module of ``lm`` (the model on the meta
+    device) that is a decoder layer's direct child or the final ``norm`` (not a vision
+    tower's), or None when it has none. ``eps`` is the module's own (Phi-3.5-MoE passes
+    ``rms_norm_eps``), ``bias`` whether it has one. Raises nothing; a model whose LayerNorms
+    disagree in ``eps`` or bias gets the first one's (none of the vendored models)."""
+    import re
+
+    hidden = int(config_fields["hidden_size"])
+    for name, module in lm.named_modules():
+        # a decoder layer's own norms and the final norm; not a vision tower's
+        if not re.search(r"(^|\.)layers\.\d+\.[^.]+$|(^|\.)norm$", name) or "vision" in name:
+            continue
+        if isinstance(module, torch.nn.LayerNorm) and tuple(module.normalized_shape) == (hidden,):
+            if module.elementwise_affine:
+                return {"class": type(module).__name__, "eps": float(module.eps), "bias": module.bias is not None}
+    return None
 
 
 def rotary(lm: torch.nn.Module) -> dict | None:

@@ -27,6 +27,7 @@ CATALOG: dict[str, CatalogEntry] = {
     "rms_norm": CatalogEntry(1, "norm", "kb_nano.operators.norms"),
     "fused_add_rms_norm": CatalogEntry(1, "norm", "kb_nano.operators.norms"),
     "qk_norm": CatalogEntry(1, "norm", "kb_nano.operators.norms"),
+    "layer_norm": CatalogEntry(1, "norm", "kb_nano.operators.norms"),
     "silu_and_mul": CatalogEntry(1, "activation", "kb_nano.operators.activations"),
     "gelu_and_mul": CatalogEntry(1, "activation", "kb_nano.operators.activations"),
     "swigluoai_and_mul": CatalogEntry(1, "activation", "kb_nano.operators.activations"),

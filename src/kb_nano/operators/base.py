@@ -230,9 +230,12 @@ def spec_bytes(spec: dict) -> int:
     return numel(spec) * element_size(spec["dtype"])
 
 
-def normal(name: str, shape: list[int], dtype: str, std: float = 1.0) -> dict:
-    """Spec of a tensor drawn from N(0, std^2)."""
-    return {"name": name, "shape": [int(s) for s in shape], "dtype": dtype, "init": {"dist": "normal", "std": std}}
+def normal(name: str, shape: list[int], dtype: str, std: float = 1.0, row_mean_std: float = 0.0) -> dict:
+    """Spec of a tensor drawn from N(0, std^2); with ``row_mean_std`` > 0 each row (all but
+    the last dimension) is shifted by its own offset drawn from N(0, row_mean_std^2), so rows
+    have the non-zero means a LayerNorm removes (recorded only when set)."""
+    init = {"dist": "normal", "std": std, **({"row_mean_std": float(row_mean_std)} if row_mean_std else {})}
+    return {"name": name, "shape": [int(s) for s in shape], "dtype": dtype, "init": init}
 
 
 def randint(name: str, shape: list[int], low: int, high: int, dtype: str = "int64") -> dict:
@@ -270,6 +273,8 @@ def make_tensor(spec: dict, generator: torch.Generator, device: str) -> torch.Te
     shape = tuple(spec["shape"])
     if init["dist"] == "normal":
         t = torch.randn(shape, generator=generator, dtype=torch.float32) * init["std"]
+        if init.get("row_mean_std"):
+            t += torch.randn((*shape[:-1], 1), generator=generator, dtype=torch.float32) * init["row_mean_std"]
     elif init["dist"] == "randint":
         t = torch.randint(init["low"], init["high"], shape, generator=generator)
     elif init["dist"] == "uniform":
@@ -291,6 +296,9 @@ def refill_(tensor: torch.Tensor, spec: dict, generator: torch.Generator) -> tor
     init = spec["init"]
     if init["dist"] == "normal":
         tensor.normal_(0.0, float(init["std"]), generator=generator)
+        if init.get("row_mean_std"):
+            offsets = torch.empty((*tensor.shape[:-1], 1), dtype=tensor.dtype, device=tensor.device)
+            tensor.add_(offsets.normal_(0.0, float(init["row_mean_std"]), generator=generator))
     elif init["dist"] == "randint":
         tensor.random_(int(init["low"]), int(init["high"]), generator=generator)
     elif init["dist"] == "uniform":

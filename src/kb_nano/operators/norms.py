@@ -1,5 +1,7 @@
-"""RMSNorm baselines: ``rms_norm``, ``fused_add_rms_norm`` (vLLM ``RMSNorm``) and ``qk_norm``
-(the per-head RMSNorm of q and k in Qwen3 / Qwen3-MoE attention).
+"""Norm baselines: ``rms_norm``, ``fused_add_rms_norm`` (vLLM ``RMSNorm``), ``qk_norm``
+(the per-head RMSNorm of q and k in Qwen3 / Qwen3-MoE attention) and ``layer_norm`` (the
+``torch.nn.LayerNorm`` of models that normalise with mean and bias, Phi-3.5-MoE; vLLM builds
+the same module).
 
 Semantics follow vLLM ``RMSNorm.forward_native`` and the transformers ``LlamaRMSNorm``:
 compute in float32, ``x * rsqrt(mean(x^2) + eps)``, cast back to the input dtype, then
@@ -17,6 +19,7 @@ which a candidate declares in ``supported_semantics``.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kb_nano.operators.base import (
@@ -68,6 +71,58 @@ class RMSNorm(nn.Module):
         else:
             x = x.to(orig_dtype) * self.weight
         return x if residual is None else (x, residual)
+
+
+class LayerNorm(nn.Module):
+    """``torch.nn.LayerNorm`` over the last dimension with the model's ``eps`` (transformers
+    and vLLM ``PhiMoEDecoderLayer``: ``nn.LayerNorm(hidden_size, eps=rms_norm_eps)``):
+    ``(x - mean) / sqrt(var + eps) * weight + bias`` (biased variance), computed by
+    ``F.layer_norm`` (float32 inside for bf16/fp16 inputs, rounded once).
+
+    Args: hidden_size, eps, bias (whether the module has a bias).
+    Forward: x ``[num_tokens, hidden_size]``. Returns ``[num_tokens, hidden_size]`` in x's dtype.
+    State dict: ``weight`` ``[hidden_size]`` (ones), ``bias`` ``[hidden_size]`` (zeros) when
+    built with ``bias=True``.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.bias = nn.Parameter(torch.zeros(hidden_size)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.hidden_size,), self.weight, self.bias, self.eps)
+
+
+def _uses_rms_norm(facts: dict) -> bool:
+    """False for a model whose hidden norms are LayerNorms (module tree: ``layer_norm`` set,
+    no RMSNorm), which ``layer_norm`` measures; True otherwise (a model with neither is
+    ``not covered`` by :func:`norm_weight_offset`)."""
+    return not (facts.get("layer_norm") and (facts.get("hidden_norm") or {}).get("class") is None)
+
+
+def _layer_init_args(facts: dict, tp: int) -> dict:
+    ln = facts["layer_norm"]
+    return {"hidden_size": facts["hidden_size"], "eps": ln["eps"], "bias": ln["bias"]}
+
+
+# std of the per-row offsets of layer_norm's inputs: rows of N(0, 1) values have means of
+# about 1/sqrt(hidden_size), which an RMSNorm in place of the LayerNorm (no mean removed)
+# would get away with; offsets of N(0, 2^2) make the mean of most rows larger than the spread
+LAYER_NORM_ROW_MEAN_STD = 2.0
+
+
+def _layer_inputs(args, facts, tp, num_tokens, dtype):
+    return [normal("x", [num_tokens, args["hidden_size"]], dtype, row_mean_std=LAYER_NORM_ROW_MEAN_STD)]
+
+
+def _layer_traffic(args, inputs, dtype):
+    (x,) = inputs
+    n, h = x["shape"]
+    es = element_size(x["dtype"])
+    # read x, write out, weight and bias once; mean, centre, square-sum, scale, affine ~ 7 per element
+    return 2 * n * h * es + 2 * h * es, 7 * n * h
 
 
 def norm_weight_offset(facts: dict, which: str = "hidden_norm") -> float:
@@ -230,6 +285,7 @@ OPERATORS = {
         inputs=_rms_inputs,
         traffic=_rms_traffic,
         used_in="model.norm (final norm); input_layernorm of layer 0",
+        applies_to=_uses_rms_norm,
         edge_cases=NORM_EDGE_CASES,
         semantics=norm_semantics,
         reads_module_tree=True,
@@ -244,8 +300,22 @@ OPERATORS = {
         traffic=_fused_traffic,
         used_in="layers.*.input_layernorm (layers >= 1), layers.*.post_attention_layernorm",
         mutable_inputs=("x", "residual"),  # vLLM's fused_add_rms_norm writes both in place
+        applies_to=_uses_rms_norm,
         edge_cases=NORM_EDGE_CASES,
         semantics=norm_semantics,
+        reads_module_tree=True,
+    ),
+    "layer_norm": Operator(
+        name="layer_norm",
+        level=1,
+        category="norm",
+        baseline=LayerNorm,
+        init_args=_layer_init_args,
+        inputs=_layer_inputs,
+        traffic=_layer_traffic,
+        used_in="layers.*.input_layernorm, layers.*.post_attention_layernorm, model.norm (LayerNorm models: Phi-3.5-MoE)",
+        applies_to=lambda facts: bool(facts.get("layer_norm")),
+        edge_cases=NORM_EDGE_CASES,
         reads_module_tree=True,
     ),
 }
