@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,15 @@ SMALL = {
     "num_warmup": 1,
     "num_runs": 5,
 }
+
+
+def terminal_signals() -> None:
+    """A ``preexec_fn``: the child starts with SIGINT's default action and SIGINT/SIGTERM
+    unblocked, as a command started from a terminal does, whatever the test runner's own
+    disposition (pytest started as ``cmd &`` from a script has SIGINT ignored, which a
+    child would inherit and Python would then leave ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def copy_workflow(dest: Path, extra_config: dict | None = None) -> Path:

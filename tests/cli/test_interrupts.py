@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from workflow_helpers import copy_workflow
+from workflow_helpers import copy_workflow, terminal_signals
 
 SWEEP = ("--target", "embedding", "--model", "llama31-8b", "qwen3-8b", "--tp", "1", "4", "--num-tokens", "1", "64")
 JOB_REPORTS = ("KbNanoError", "RuleException", "WorkflowError", "Traceback", "Error in rule")
@@ -27,6 +27,7 @@ def _start(work, cmd: list[str]) -> subprocess.Popen:
         text=True,
         env={**os.environ, "KB_NANO_ROOT": str(work)},
         start_new_session=True,
+        preexec_fn=terminal_signals,
     )
 
 

@@ -24,7 +24,7 @@ REPO_CONTROLS = ("rms_norm/torch_fused", "rms_norm/triton_rowwise", "fused_add_r
 
 
 def corpus() -> dict[str, dict]:
-    """``{candidate id: {"EXPECTED": status, "EXPECTED_CUDA": status|None, "EXPECTED_ERROR": str|None, "EXPECTED_LIKE": id|None,
+    """``{candidate id: {"EXPECTED": status, "EXPECTED_CUDA": status|None, "EXPECTED_ERROR": str|tuple|None, "EXPECTED_LIKE": id|None,
     "FORGED_SPEEDUP": float|None, "only": "cuda"|"cpu"|None}}`` read from the corpus files'
     module constants (without importing them); ``only`` is the one device type a file
     declares in ``supported_devices``, where it has one."""
@@ -110,6 +110,11 @@ def run_corpus(
     return {r["candidate"]: r for r in rows}
 
 
+def _alternatives(expected: str | tuple[str, ...]) -> tuple[str, ...]:
+    """``EXPECTED_ERROR`` as a tuple: one substring, or several of which one must appear."""
+    return (expected,) if isinstance(expected, str) else tuple(expected)
+
+
 def mismatches(rows: dict[str, dict], device: str) -> list[str]:
     """Every corpus entry and control whose row is not what it must be on ``device``."""
     bad = []
@@ -124,7 +129,7 @@ def mismatches(rows: dict[str, dict], device: str) -> list[str]:
         elif (
             status == want["EXPECTED"] == expected
             and want["EXPECTED_ERROR"]
-            and want["EXPECTED_ERROR"] not in (row["error"] or "")
+            and not any(e in (row["error"] or "") for e in _alternatives(want["EXPECTED_ERROR"]))
         ):
             bad.append(f"{cid}: error {row['error']!r} lacks {want['EXPECTED_ERROR']!r}")
         elif status == "passed" and want["EXPECTED_LIKE"] and rows.get(want["EXPECTED_LIKE"], {}).get("speedup"):
