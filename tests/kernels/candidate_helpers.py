@@ -86,6 +86,38 @@ TINY_GEMMA2 = {
 }
 
 
+# Small dims over the vendored Phi-3.5-MoE (layer_norm, sparsemixer fused_moe) and gpt-oss
+# (swigluoai_and_mul) configs (conftest.py merges them): rope scaling dropped, whose factor
+# lists are sized for the real head_dim.
+TINY_PHIMOE = {
+    "hidden_size": 64,
+    "intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 1,
+    "num_local_experts": 4,
+    "vocab_size": 1000,
+    "pad_token_id": 0,
+    "max_position_embeddings": 256,
+    "original_max_position_embeddings": 256,
+    "rope_scaling": None,
+}
+TINY_GPT_OSS = {
+    "hidden_size": 64,
+    "intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "num_local_experts": 4,
+    "vocab_size": 1000,
+    "pad_token_id": 0,
+    "max_position_embeddings": 256,
+    "rope_scaling": None,
+}
+
+
 def write(path: Path, source: str) -> Path:
     """Write ``source`` (dedented) to ``path``, creating its folders; returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from candidate_helpers import _POOL, TINY_CONFIG, TINY_GEMMA2, TINY_QWEN3_MOE
+from candidate_helpers import _POOL, TINY_CONFIG, TINY_GEMMA2, TINY_GPT_OSS, TINY_PHIMOE, TINY_QWEN3_MOE
 from workflow_helpers import REPO
 
 from kb_nano.kernels.manifest import generate
@@ -23,13 +23,28 @@ def _worker_pool(tmp_path_factory):
     _POOL.pop("pool").close()
 
 
+def _small_vendored(key: str, small: dict) -> dict:
+    """The vendored config.json of model ``key`` with the fields of ``small`` replaced."""
+    from kb_nano.models.configs import resolve
+
+    ref = resolve(key, REPO)
+    path = ref.config_path if ref.config_path.is_absolute() else REPO / ref.config_path
+    return {**json.loads(path.read_text()), **small}
+
+
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory) -> dict:
-    """Scenario dicts by id: llama32-1b (real shapes) at tp 1/2 and the tiny model at tp 1/2."""
+    """Scenario dicts by id: llama32-1b (real shapes) at tp 1/2 and the tiny models at tp 1/2
+    (Llama, Qwen3-MoE, Gemma-2, and the vendored Phi-3.5-MoE and gpt-oss with small dims)."""
     tiny = tmp_path_factory.mktemp("tiny-llama")
     (tiny / "config.json").write_text(json.dumps(TINY_CONFIG))
     tiny_more = []
-    for name, config in (("tiny-qwen3-moe", TINY_QWEN3_MOE), ("tiny-gemma2", TINY_GEMMA2)):
+    for name, config in (
+        ("tiny-qwen3-moe", TINY_QWEN3_MOE),
+        ("tiny-gemma2", TINY_GEMMA2),
+        ("tiny-phimoe", _small_vendored("phi35-moe", TINY_PHIMOE)),
+        ("tiny-gpt-oss", _small_vendored("gpt-oss-20b", TINY_GPT_OSS)),
+    ):
         path = tmp_path_factory.mktemp(name)
         (path / "config.json").write_text(json.dumps(config))
         tiny_more.append(str(path))
