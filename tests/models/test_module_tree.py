@@ -379,3 +379,20 @@ def test_rotates_halves_probes_the_rotation_not_its_name():
     assert rotates_halves(modeling_gpt_oss.apply_rotary_pos_emb)
     assert not rotates_halves(interleaved)
     assert not rotates_halves(None)
+
+
+def test_a_config_transformers_cannot_build_is_not_covered_with_the_reason(tmp_path):
+    """A field the model's constructor rejects (``pad_token_id`` outside the vocabulary)
+    gives ``not covered`` rows naming it, not a traceback from the manifest."""
+    import json
+
+    from kb_nano.models.configs import config_fields, resolve
+
+    fields = config_fields(resolve("llama32-1b", REPO), REPO)
+    (tmp_path / "config.json").write_text(json.dumps({**fields, "pad_token_id": fields["vocab_size"] + 5}))
+    m = generate([str(tmp_path)], [1], [1], "auto", REPO, targets=["rms_norm", "decoder_layer"])
+    for s in m["scenarios"]:
+        assert not s["applicable"], s["scenario_id"]
+        assert (
+            "transformers cannot build LlamaConfig's model from this config (AssertionError: Padding_idx" in s["reason"]
+        )

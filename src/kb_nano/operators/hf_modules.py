@@ -104,7 +104,9 @@ def shard_config(cfg, tp_size: int) -> None:
 
 
 def _meta_causal_lm(cfg):
-    """The transformers causal LM of ``cfg`` on the meta device (no memory, no init)."""
+    """The transformers causal LM of ``cfg`` on the meta device (no memory, no init).
+    Raises ``NotApplicable`` when transformers has no class for it or its constructor
+    rejects the config (e.g. a ``pad_token_id`` outside ``vocab_size``), naming why."""
     from transformers import AutoModelForCausalLM
 
     from kb_nano.models.configs import quiet_transformers
@@ -116,6 +118,10 @@ def _meta_causal_lm(cfg):
             )
     except ValueError as exc:  # unknown architecture
         raise NotApplicable(f"transformers has no causal-LM class for {type(cfg).__name__}: {exc}") from None
+    except (AssertionError, TypeError, IndexError, RuntimeError, KeyError, AttributeError) as exc:
+        # the model's constructor rejects a field of the config
+        what = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise NotApplicable(f"transformers cannot build {type(cfg).__name__}'s model from this config ({what})") from None
 
 
 def _materialize(lm, module: nn.Module, init_weights: bool) -> None:
