@@ -36,8 +36,8 @@ from kb_nano.kernels import blocks, timing
 from kb_nano.kernels.checks import same_bits
 from kb_nano.kernels.compare import compare, spec_mismatch, tolerance
 from kb_nano.kernels.inputs import Refresher, apply_edge_case, generator, make_inputs, param_seed
-from kb_nano.kernels.pool import LIVE_WORKERS, Pool, WorkerHandle
-from kb_nano.kernels.procs import kill_tree, process_tampering, strays, wait_idle
+from kb_nano.kernels.pool import Pool, WorkerHandle
+from kb_nano.kernels.procs import LIVE_WORKERS, WORKERS_LOCK, kill_tree, process_tampering, strays, wait_idle
 from kb_nano.kernels.shm import SharedTensors
 from kb_nano.kernels.verdict import Verdict, ask, reported_times
 from kb_nano.operators.base import DTYPES
@@ -363,9 +363,10 @@ class Measurement:
         found = process_tampering(self.base.pid, self.cand.pid)
         if found:
             raise Verdict("tampered", found)
-        others = strays(self.cand.pid, LIVE_WORKERS)
-        for pid in others:  # no worker's: nothing else ends them
-            kill_tree(pid)
+        with WORKERS_LOCK:  # no worker of this process is being started or reaped meanwhile
+            others = strays(self.cand.pid, LIVE_WORKERS)
+            for pid in others:  # no worker's: nothing else ends them
+                kill_tree(pid)
         if others:
             raise Verdict(
                 "tampered",

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kb_nano.kernels.procs import kill_worker, tree_cpu_s
+from kb_nano.kernels.procs import LIVE_WORKERS, WORKERS_LOCK, kill_worker, tree_cpu_s
 
 
 def use_abstract_unix_sockets() -> None:
@@ -69,9 +69,6 @@ class WorkerTimeout(Exception):
     """The worker did not answer before the scenario's deadline."""
 
 
-LIVE_WORKERS: set[int] = set()  # pids of this process's workers (the fork server starts nothing else)
-
-
 class WorkerHandle:
     """The judge's end of one worker. ``ready`` is the worker's first reply (its sandbox,
     thread count, and for a candidate the import's violation, if any)."""
@@ -82,10 +79,11 @@ class WorkerHandle:
         from kb_nano.kernels import worker_process  # (torch: not at import, see judge_process.serve)
 
         self.proc = ctx.Process(target=worker_process.main, args=(child, spec), name=f"kb_nano {self.role}")
-        self.proc.start()
+        with WORKERS_LOCK:
+            self.proc.start()
+            self.pid = self.proc.pid
+            LIVE_WORKERS.add(self.pid)
         child.close()
-        self.pid = self.proc.pid
-        LIVE_WORKERS.add(self.pid)
         self.log_fd = log_fd
         self._ready: dict | None = None
         try:
@@ -180,10 +178,11 @@ class WorkerHandle:
         return tree_cpu_s(self.pid)
 
     def close(self) -> None:
-        """Kill the worker, its process tree and any process beside the workers."""
-        kill_worker(self.pid, LIVE_WORKERS)
-        LIVE_WORKERS.discard(self.pid)
+        """Kill the worker, its tree and any process beside the workers (it stays live until reaped)."""
+        with WORKERS_LOCK:
+            kill_worker(self.pid, LIVE_WORKERS)
         self.proc.join(5)
+        LIVE_WORKERS.discard(self.pid)
         self.conn.close()
 
 
@@ -382,8 +381,9 @@ class Pool:
     def close(self) -> None:
         """Kill every worker (all the trees first, then wait for each)."""
         handles = [h for h in [self.baseline, *self.candidates.values()] if h is not None]
-        for h in handles:
-            kill_worker(h.pid, LIVE_WORKERS)
+        with WORKERS_LOCK:
+            for h in handles:
+                kill_worker(h.pid, LIVE_WORKERS)
         for h in handles:
             self.discard(h)
         import shutil

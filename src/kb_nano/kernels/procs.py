@@ -6,7 +6,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
+
+LIVE_WORKERS: set[int] = set()  # pids of this process's workers (the fork server starts nothing else)
+# Held while a worker is started (forked, then added to LIVE_WORKERS) or killed (removed
+# once reaped) and while the judge looks for processes beside the workers: a worker that
+# another thread (a spare started ahead, a concurrent job) is starting or ending is never
+# taken for a candidate's stray.
+WORKERS_LOCK = threading.Lock()
 
 
 def tree_pids(pid: int) -> list[int]:

@@ -121,7 +121,9 @@ def _meta_causal_lm(cfg):
     except (AssertionError, TypeError, IndexError, RuntimeError, KeyError, AttributeError) as exc:
         # the model's constructor rejects a field of the config
         what = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        raise NotApplicable(f"transformers cannot build {type(cfg).__name__}'s model from this config ({what})") from None
+        raise NotApplicable(
+            f"transformers cannot build {type(cfg).__name__}'s model from this config ({what})"
+        ) from None
 
 
 def _materialize(lm, module: nn.Module, init_weights: bool) -> None:
