@@ -52,7 +52,8 @@ def strays(worker_pid: int, known: set[int]) -> list[int]:
     (``clone(CLONE_PARENT)``), or detach one after turning its worker's subreaper flag
     off (the fork server, a subreaper, :func:`become_subreaper`, then adopts it), outside
     its tree and so outside :func:`tree_cpu_s`; the fork server itself starts only
-    workers. Empty when the parent cannot be read."""
+    workers. Zombies (a killed worker the fork server has not reaped yet: it runs nothing)
+    are left out. Empty when the parent cannot be read."""
     parent = parent_pid(worker_pid)
     if parent is None:
         return []
@@ -62,7 +63,17 @@ def strays(worker_pid: int, known: set[int]) -> list[int]:
             with contextlib.suppress(OSError, ValueError):
                 with open(f"/proc/{parent}/task/{tid}/children") as f:
                     siblings.update(map(int, f.read().split()))
-    return sorted(siblings - set(known) - {worker_pid})
+    return sorted(pid for pid in siblings - set(known) - {worker_pid} if not _exited(pid))
+
+
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie (state ``Z``/``X`` in ``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return True
+    return text[text.rindex(")") + 2 : text.rindex(")") + 3] in ("Z", "X")
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of /proc/<pid>/stat's cutime and cstime
