@@ -106,7 +106,9 @@ def test_load_warning_names_the_loaded_rows():
     assert load_warning([idle, row("rms_norm", "old")]) is None
     skipped = row("rms_norm", "d", status="skipped", load_avg_start=9.0, load_avg_end=9.0, cpus_available=2)
     assert load_warning([idle, skipped]) is None  # nothing was timed
-    line = load_warning([idle, busy, ends_busy, skipped])
+    failed = row("rms_norm", "e", status="incorrect", speedup=None, load_avg_start=9.0, cpus_available=2)
+    assert load_warning([idle, failed]) is None  # no time reported either
+    line = load_warning([idle, busy, ends_busy, skipped, failed])
     assert "\n" not in line and line.startswith("warning: 2 of 3 rows")
     assert "load average up to 5.3 on 2 CPUs" in line
     assert "significance are unreliable" in line and "idle host" in line

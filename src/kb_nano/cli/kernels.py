@@ -118,7 +118,9 @@ def cmd_generate_inputs(args, passthrough: list[str]) -> int:
     # The Snakefile computes the manifest while parsing (workflow/rules/inputs.smk): a quiet
     # dry run of the kernel sweep parses it and builds nothing.
     args.dry_run, dry_run = True, args.dry_run
-    code = run_snakemake(root, ["results/kernels.parquet"], config, args, [*passthrough, "--quiet", "all"])
+    code = run_snakemake(
+        root, ["results/kernels.parquet"], config, args, [*passthrough, "--quiet", "all", "host", "rules"]
+    )
     if code == 0 and not dry_run:
         print("\n".join(summary_lines(root / kbw.manifest_path(effective))))
     return code

@@ -82,9 +82,10 @@ def _error(r: dict) -> str:
 def load_warning(rows: list[dict]) -> str | None:
     """One line when any row was measured while the host's 1-minute load average
     (``load_avg_start`` or ``load_avg_end``) exceeded the CPUs available to its judge
-    (``cpus_available``): how many of the rows not skipped, the highest load and what it
-    means; None when none was (or no row recorded its load: schema 5 and older)."""
-    loaded, judged = [], [r for r in rows if r["status"] != "skipped"]  # (a skipped row timed nothing)
+    (``cpus_available``): how many of the rows with a speedup (the timed ones: not a
+    skipped or failed row), the highest load and what it means; None when none was (or no
+    row recorded its load: schema 5 and older)."""
+    loaded, judged = [], [r for r in rows if r.get("speedup") is not None]
     for r in judged:
         loads = [v for v in (r.get("load_avg_start"), r.get("load_avg_end")) if v is not None]
         if loads and r.get("cpus_available") and max(loads) > r["cpus_available"]:
