@@ -25,7 +25,7 @@ REPO_CONTROLS = ("rms_norm/torch_fused", "rms_norm/triton_rowwise", "fused_add_r
 
 def corpus() -> dict[str, dict]:
     """``{candidate id: {"EXPECTED": status, "EXPECTED_CUDA": status|None, "EXPECTED_ERROR": str|tuple|None, "EXPECTED_LIKE": id|None,
-    "FORGED_SPEEDUP": float|None, "only": "cuda"|"cpu"|None}}`` read from the corpus files'
+    "FORGED_SPEEDUP": float|None, "MAY_STARVE": bool, "only": "cuda"|"cpu"|None}}`` read from the corpus files'
     module constants (without importing them); ``only`` is the one device type a file
     declares in ``supported_devices``, where it has one."""
     out = {}
@@ -33,7 +33,7 @@ def corpus() -> dict[str, dict]:
         if path.name.startswith("_"):
             continue
         tree = ast.parse(path.read_text())
-        names = ("EXPECTED", "EXPECTED_CUDA", "EXPECTED_ERROR", "EXPECTED_LIKE", "FORGED_SPEEDUP")
+        names = ("EXPECTED", "EXPECTED_CUDA", "EXPECTED_ERROR", "EXPECTED_LIKE", "FORGED_SPEEDUP", "MAY_STARVE")
         consts = {
             t.id: ast.literal_eval(n.value)
             for n in tree.body
@@ -54,6 +54,7 @@ def corpus() -> dict[str, dict]:
             "EXPECTED_ERROR": None,
             "EXPECTED_LIKE": None,
             "FORGED_SPEEDUP": None,
+            "MAY_STARVE": False,
             **consts,
             "only": only,
         }
@@ -122,6 +123,8 @@ def mismatches(rows: dict[str, dict], device: str) -> list[str]:
         row = rows.get(cid)
         expected = (want["EXPECTED_CUDA"] or want["EXPECTED"]) if device.startswith("cuda") else want["EXPECTED"]
         status = expected if want["only"] in (None, device) else "skipped"
+        if row is not None and row["status"] == "passed" != status and want["MAY_STARVE"]:
+            status = "passed"  # a loaded host gave its burners too little CPU to matter: the speedup rule below decides
         if row is None:
             bad.append(f"{cid}: no row")
         elif row["status"] != status:
@@ -132,7 +135,11 @@ def mismatches(rows: dict[str, dict], device: str) -> list[str]:
             and not any(e in (row["error"] or "") for e in _alternatives(want["EXPECTED_ERROR"]))
         ):
             bad.append(f"{cid}: error {row['error']!r} lacks {want['EXPECTED_ERROR']!r}")
-        elif status == "passed" and want["EXPECTED_LIKE"] and rows.get(want["EXPECTED_LIKE"], {}).get("speedup"):
+        elif (
+            status == "passed"
+            and want["EXPECTED_LIKE"]
+            and rows.get(want["EXPECTED_LIKE"], {}).get("speedup") is not None
+        ):
             # a cheat that cannot reach the baseline any more gains nothing over the same computation done honestly
             like = rows[want["EXPECTED_LIKE"]]
             if row["speedup_ci_low"] > 1.5 * like["speedup_ci_high"]:

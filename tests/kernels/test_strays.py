@@ -28,3 +28,25 @@ def test_a_running_sibling_is_a_stray_and_a_zombie_is_not():
         for p in (worker, other):
             p.kill()
             p.wait()
+
+
+def test_a_killed_process_still_exiting_is_not_a_stray_but_a_reused_pid_is():
+    from kb_nano.kernels import procs
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        start = procs._start_time(other.pid)
+        assert start is not None and other.pid in strays(worker.pid, {worker.pid})
+        procs.KILLED[other.pid] = start  # as kill_tree records it; its exit can take a while
+        assert other.pid not in strays(worker.pid, {worker.pid})
+        procs.KILLED[other.pid] = start - 1  # another process once had this pid
+        assert other.pid in strays(worker.pid, {worker.pid})
+        assert other.pid not in procs.KILLED  # the stale entry is dropped
+        procs.kill_tree(other.pid)
+        assert procs.KILLED.get(other.pid) == start
+    finally:
+        for p in (worker, other):
+            p.kill()
+            p.wait()
+        procs.KILLED.pop(other.pid, None)

@@ -15,6 +15,11 @@ LIVE_WORKERS: set[int] = set()  # pids of this process's workers (the fork serve
 # another thread (a spare started ahead, a concurrent job) is starting or ending is never
 # taken for a candidate's stray.
 WORKERS_LOCK = threading.Lock()
+# pid -> start time (``/proc/<pid>/stat`` field 22) of each process :func:`kill_tree` sent
+# SIGKILL: it runs no more code, but may take a while to exit (a loaded host, a large
+# address space to tear down), meanwhile adopted by the fork server (a subreaper) when
+# its parent died first. :func:`strays` leaves these out; a reused pid has another start.
+KILLED: dict[int, int] = {}
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -53,7 +58,8 @@ def strays(worker_pid: int, known: set[int]) -> list[int]:
     off (the fork server, a subreaper, :func:`become_subreaper`, then adopts it), outside
     its tree and so outside :func:`tree_cpu_s`; the fork server itself starts only
     workers. Zombies (a killed worker the fork server has not reaped yet: it runs nothing)
-    are left out. Empty when the parent cannot be read."""
+    and processes :func:`kill_tree` killed that are still exiting (:data:`KILLED`) are
+    left out. Empty when the parent cannot be read."""
     parent = parent_pid(worker_pid)
     if parent is None:
         return []
@@ -63,7 +69,24 @@ def strays(worker_pid: int, known: set[int]) -> list[int]:
             with contextlib.suppress(OSError, ValueError):
                 with open(f"/proc/{parent}/task/{tid}/children") as f:
                     siblings.update(map(int, f.read().split()))
-    return sorted(pid for pid in siblings - set(known) - {worker_pid} if not _exited(pid))
+    for pid in [p for p, start in KILLED.items() if _start_time(p) != start]:  # gone (or pid reused)
+        KILLED.pop(pid, None)
+    return sorted(
+        pid
+        for pid in siblings - set(known) - {worker_pid}
+        if not _exited(pid) and KILLED.get(pid, -1) != _start_time(pid)
+    )
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of process ``pid`` (clock ticks after boot, ``/proc/<pid>/stat`` field
+    22); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+        return int(text[text.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _exited(pid: int) -> bool:
@@ -252,17 +275,19 @@ def wait_idle(cpu_s, limit_s: float, window_s: float) -> None:
 
 def kill_tree(pid: int) -> None:
     """SIGKILL a worker and every process it started (a candidate may spawn helpers),
-    the deepest first (:func:`tree_pids`)."""
+    the deepest first (:func:`tree_pids`); each is recorded in :data:`KILLED`."""
     import psutil
 
     # psutil.Process records each one's start time, so a pid reused since the walk is not killed
     procs = []
     for p in tree_pids(pid):
         with contextlib.suppress(psutil.Error):
-            procs.append(psutil.Process(p))
-    for proc in reversed(procs):
+            procs.append((psutil.Process(p), _start_time(p)))
+    for proc, start in reversed(procs):
         with contextlib.suppress(psutil.Error):
             proc.kill()
+            if start is not None:
+                KILLED[proc.pid] = start
 
 
 @contextlib.contextmanager
