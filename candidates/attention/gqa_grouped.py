@@ -6,7 +6,8 @@ new key are scored separately and joined only in the (small) score tensor.
 Same math as the eager baseline (bf16 scores, fp32 scores under a soft-cap, fp32 softmax,
 probabilities rounded to the input dtype); the output of decode is the sum of two GEMM
 results, so it may differ from the baseline by an output ulp. Supports sliding-window
-layers (``per_layer_sliding_window``) and attention sinks (``sinks``: each head's sink
+layers (``per_layer_sliding_window``), Llama-4's chunked layers (``attention_chunk_size``:
+a query sees the earlier keys of its own chunk) and attention sinks (``sinks``: each head's sink
 logit joins its score rows as one more column of the grouped score tensor, the softmax
 taken in the scores' dtype as the baseline does, and the column dropped), both declared
 in ``supported_semantics``.
@@ -23,7 +24,7 @@ class GroupedQueryAttention(nn.Module):
     ``[N, C, KV, D]`` -> ``[N, H*D]``.
     """
 
-    supported_semantics = ("sliding_window", "sinks")
+    supported_semantics = ("sliding_window", "chunked_attention", "sinks")
 
     def __init__(
         self,
@@ -35,9 +36,11 @@ class GroupedQueryAttention(nn.Module):
         per_layer_sliding_window=None,
         prefix="",
         sinks=False,
+        attention_chunk_size=None,
     ):
         super().__init__()
         self.window = per_layer_sliding_window
+        self.chunk = attention_chunk_size
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -73,7 +76,10 @@ class GroupedQueryAttention(nn.Module):
             v = value.view(n, kv, d).transpose(0, 1)
             pos = torch.arange(n, device=query.device)
             ahead = pos[:, None] - pos[None, :]
-            mask = ((ahead < 0) | (ahead >= self.window) if self.window else ahead < 0).repeat(g, 1)
+            mask = (ahead < 0) | (ahead >= self.window) if self.window else ahead < 0
+            if self.chunk:
+                mask = mask | (pos[:, None] // self.chunk != pos[None, :] // self.chunk)
+            mask = mask.repeat(g, 1)
             # row r = j * n + i of group kv is head kv * g + j
             sinks = (
                 None if self.sinks is None else self.sinks.view(kv, g, 1, 1).expand(kv, g, n, 1).reshape(kv, g * n, 1)
@@ -89,6 +95,9 @@ class GroupedQueryAttention(nn.Module):
         mask = None
         if self.window and c + 1 > self.window:  # the new token at position c sees keys > c - window
             mask = c - torch.arange(c + 1, device=query.device) >= self.window
+        if self.chunk and c >= self.chunk:  # ... and keys from the start of its chunk on
+            earlier = torch.arange(c + 1, device=query.device) < c // self.chunk * self.chunk
+            mask = earlier if mask is None else mask | earlier
         sinks = None if self.sinks is None else self.sinks.view(1, kv, g, 1)
         p = self._probs(torch.cat((s_cache, s_new), dim=-1), mask, sinks).to(query.dtype)
         out = torch.matmul(p[..., :c], value_cache.transpose(1, 2)) + p[..., c:] * value.view(n, kv, 1, d)

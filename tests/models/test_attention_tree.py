@@ -1,7 +1,8 @@
-"""The attention half of the module tree: an attention module with the standard parts is
-still not covered when its layer type or its own attributes say it computes something else
-(Llama-4: chunked attention, temperature-tuned queries on its layers without rotation).
-"""
+"""The attention half of the module tree on Llama-4 Scout: its layers with rotation are
+chunked-attention layers (their weightless q/k norm is the ``qk_norm`` operator's), its
+layers without rotation are full attention (the temperature scaling of their queries
+happens before vLLM's ``Attention``); a layer type kb-nano does not compute is still not
+covered."""
 
 from __future__ import annotations
 
@@ -17,29 +18,37 @@ def scout_fields():
     return config_fields(resolve("llama4-scout", REPO), REPO)
 
 
-def _attention(fields: dict) -> dict:
-    return module_tree.read(fields)["attention_layers"]
+def _read(fields: dict) -> dict:
+    return module_tree.read(fields)
 
 
-def test_llama4_scout_attention_names_its_l2_norm(scout_fields):
-    got = _attention(dict(scout_fields))
-    assert got["kinds"] == []
-    assert got["reason"] == "not covered: Llama4TextAttention has qk_norm (Llama4TextL2Norm)"
+def test_llama4_scout_has_chunked_and_full_layers_and_a_weightless_qk_norm(scout_fields):
+    got = _read(dict(scout_fields))
+    layers = got["attention_layers"]
+    assert layers["reason"] is None
+    scale = 128**-0.5
+    assert layers["kinds"] == [
+        {
+            "scale": scale,
+            "sliding_window": None,
+            "attention_chunk_size": 8192,
+            "logits_soft_cap": None,
+            "sinks": False,
+            "layers": 36,
+        },
+        {"scale": scale, "sliding_window": None, "logits_soft_cap": None, "sinks": False, "layers": 12},
+    ]
+    assert got["qk_norm"] == {"class": "Llama4TextL2Norm", "weight_offset": 0.0, "has_weight": False, "reason": None}
 
 
-def test_llama4_without_qk_norm_is_still_not_covered(scout_fields):
-    """Llama-4 Maverick's form (``use_qk_norm`` false): standard parts, chunked attention
-    on its rotated layers."""
-    got = _attention({**scout_fields, "use_qk_norm": False})
-    assert got["kinds"] == [] and "layer 0 is 'chunked_attention'" in got["reason"]
+def test_llama4_without_qk_norm_has_the_same_kinds_and_no_qk_norm(scout_fields):
+    """Llama-4 Maverick's form (``use_qk_norm`` false)."""
+    got = _read({**scout_fields, "use_qk_norm": False})
+    assert [k["layers"] for k in got["attention_layers"]["kinds"]] == [36, 12] and got["qk_norm"] is None
 
 
-def test_llama4_temperature_tuning_is_not_covered(scout_fields):
-    """Every layer typed full attention, no q/k norm: the layers without rotation still
-    scale their queries by position."""
-    fields = {**scout_fields, "use_qk_norm": False, "layer_types": ["full_attention"] * 48}
-    got = _attention(fields)
-    assert got["kinds"] == [] and "layer 3 scales its queries by position" in got["reason"]
-    # and without the tuning the layers are plain causal attention
-    plain = _attention({**fields, "attn_temperature_tuning": False})
-    assert plain["reason"] is None and sum(k["layers"] for k in plain["kinds"]) == 48
+def test_a_layer_type_kb_nano_does_not_compute_is_not_covered(scout_fields):
+    types = ["chunked_attention", "chunked_attention", "chunked_attention", "full_attention"] * 12
+    types[5] = "compressed_sparse_attention"
+    got = _read({**scout_fields, "layer_types": types})["attention_layers"]
+    assert got["kinds"] == [] and "layer 5 is 'compressed_sparse_attention'" in got["reason"]

@@ -282,6 +282,10 @@ def test_each_vendored_architecture_is_measured_in_its_own_form_or_not_covered()
     pairs = rows["rotary_embedding__llama4-scout__tp1__n4__interleaved"]
     assert pairs["semantics"] == "interleaved" and pairs["init_args"]["is_neox_style"] is False
     assert shapes(pairs["scenario_id"]) == [[4], [4, 40 * 128], [4, 8 * 128]]
+    # ... its attention: chunked layers (with rotation) and full ones, a decode long enough for the chunks
+    assert rows["attention__llama4-scout__tp1__n4__ctx12288__chunked8192"]["semantics"] == "chunked_attention"
+    assert shapes("attention__llama4-scout__tp1__n4__full") == [[4, 40 * 128], [4, 8 * 128], [4, 8 * 128]]
+    assert rows["qk_norm__llama4-scout__tp1__n4__no_weight"]["init_args"]["has_weight"] is False
     # rotary: gpt-oss's yarn and Phi-3.5-MoE's longrope are measured with their scaling;
     # Gemma-3's per-layer-type rope is one kind per layer type; DeepSeek-V3's MLA turns the rope
     # slice of each query head and one shared key head, by pairs
@@ -339,6 +343,7 @@ def test_a_cpu_sweep_over_other_architectures_measures_or_says_not_covered(tmp_p
             "gemma3-4b",
             "phi35-moe",
             "qwen3-30b-a3b",
+            "llama4-scout",
         ),
         *("--tp", "1", "--num-tokens", "1", "--all-rows"),
     )
@@ -354,8 +359,9 @@ def test_a_cpu_sweep_over_other_architectures_measures_or_says_not_covered(tmp_p
     phi = [r for (sid, _), r in rows.items() if sid == "rms_norm__phi35-moe__tp1__n1"]
     assert phi and all(r["status"] == "skipped" and "does not use rms_norm" in r["error"] for r in phi)
     assert rows[("layer_norm__phi35-moe__tp1__n1", "layer_norm/var_mean_fp32")]["status"] == "passed"
-    # the Llama-form model still passes
+    # the Llama-form model still passes; Llama-4's weightless q/k norm passes with a candidate declaring it
     assert rows[("rms_norm__qwen3-30b-a3b__tp1__n1", "rms_norm/torch_fused")]["status"] == "passed"
+    assert rows[("qk_norm__llama4-scout__tp1__n1__no_weight", "qk_norm/fused_rms")]["status"] == "passed"
 
 
 def test_rotates_halves_probes_the_rotation_not_its_name():

@@ -1,6 +1,6 @@
 """The attention half of the module tree: the kinds of self-attention layer a model's own
-attention modules compute (softmax scale, sliding window, soft-cap, sinks, multi-head latent
-attention), or why they are not covered; read on the meta-built model by
+attention modules compute (softmax scale, sliding window, attention chunks, soft-cap, sinks,
+multi-head latent attention), or why they are not covered; read on the meta-built model by
 :func:`kb_nano.models.module_tree.read`."""
 
 from __future__ import annotations
@@ -9,45 +9,65 @@ import torch
 
 PROBE_ROWS = 4  # random rows each probe of a module's computation runs on (norms, sinks)
 
-# The parts of a transformers attention module whose semantics kb-nano's ``attention``
-# measures (projections outside it; q/k norms are the ``qk_norm`` operator's): a module
-# with any other child module or a parameter of its own (Llama-4's L2 qk norm) is ``not
-# covered`` (multi-head latent attention, which has ``kv_a_proj_with_mqa``, is read by
-# :func:`kb_nano.operators.mla.mla_layer`); a ``sinks`` parameter is covered when
-# :func:`sinks_reason` finds the module's attention computes gpt-oss's sinks
-ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rotary_emb"}
+# The parts of a transformers attention module around what kb-nano's ``attention``
+# measures (projections outside it; q/k norms are the ``qk_norm`` operator's: Qwen3's
+# ``q_norm``/``k_norm``, Llama-4's one weightless ``qk_norm``): a module with any other
+# child module or a parameter of its own is ``not covered`` (multi-head latent attention,
+# which has ``kv_a_proj_with_mqa``, is read by :func:`kb_nano.operators.mla.mla_layer`); a
+# ``sinks`` parameter is covered when :func:`sinks_reason` finds the module's attention
+# computes gpt-oss's sinks
+ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "qk_norm", "rotary_emb"}
 
 
 # The layer types (transformers' ``config.layer_types``) whose attention kb-nano computes:
-# causal over every earlier key, or over the last ``sliding_window`` of them
-ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+# causal over every earlier key, over the last ``sliding_window`` of them, or over the
+# earlier keys of the query's chunk of ``attention_chunk_size`` tokens (Llama-4)
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
 
 def _unlike_attention(module: torch.nn.Module) -> str | None:
     """What an attention module with the standard parts computes beyond kb-nano's
     ``attention`` (a clause for a ``not covered`` reason), else None: its layer type in
-    the config's ``layer_types`` (by its ``layer_idx``) other than full or sliding-window
-    attention (Llama-4's ``chunked_attention``: causal within 8192-token chunks; sparse and
-    compressed kinds), or queries scaled by position on its layers without rotation
-    (Llama-4's ``attn_temperature_tuning``)."""
+    the config's ``layer_types`` (by its ``layer_idx``) other than those of
+    :data:`ATTENTION_LAYER_TYPES` (sparse and compressed kinds), or chunked attention
+    without a positive ``attention_chunk_size``. Llama-4's ``attn_temperature_tuning``
+    (queries scaled by position on its layers without rotation) is not a reason: vLLM's
+    ``Llama4Attention.forward`` scales q in torch before calling its ``Attention``, as
+    it applies RoPE, so the op's inputs are the scaled queries."""
+    if _layer_type(module) == "chunked_attention" and not _chunk_size(module):
+        return f"layer {module.layer_idx} is chunked attention without a positive attention_chunk_size"
+    kind = _layer_type(module)
+    if kind is not None and kind not in ATTENTION_LAYER_TYPES:
+        return f"layer {module.layer_idx} is {kind!r} (kb-nano's attention computes {', '.join(ATTENTION_LAYER_TYPES)})"
+    return None
+
+
+def _layer_type(module: torch.nn.Module) -> str | None:
+    """The attention module's entry of its config's ``layer_types`` (by ``layer_idx``), or
+    None where the config has none."""
     config, idx = getattr(module, "config", None), getattr(module, "layer_idx", None)
     types = getattr(config, "layer_types", None)
     if isinstance(types, list | tuple) and isinstance(idx, int) and idx < len(types):
-        if types[idx] not in ATTENTION_LAYER_TYPES:
-            return f"layer {idx} is {types[idx]!r} (kb-nano's attention computes {' and '.join(ATTENTION_LAYER_TYPES)})"
-    if getattr(module, "attn_temperature_tuning", False) and not getattr(module, "use_rope", True):
-        return f"layer {idx} scales its queries by position (attn_temperature_tuning on a layer without rotation)"
+        return str(types[idx])
     return None
+
+
+def _chunk_size(module: torch.nn.Module) -> int | None:
+    """The attention chunk of a ``chunked_attention`` layer: its config's
+    ``attention_chunk_size`` (Llama-4: 8192), else None."""
+    size = getattr(getattr(module, "config", None), "attention_chunk_size", None)
+    return int(size) if isinstance(size, int) and size > 0 else None
 
 
 def attention_layers(lm: torch.nn.Module) -> dict:
     """The kinds of self-attention layer of the causal LM ``lm`` (built on the meta device
     with every layer, :func:`read`), read from each decoder layer's attention module:
-    ``{"kinds": [{"scale", "sliding_window", "logits_soft_cap", "sinks",
-    "layers"}, ...], "reason": None}`` with one entry per distinct (softmax scale, sliding
-    window, soft-cap, sinks) in layer order (``layers``: how many layers have it; the
-    module's ``scaling``, ``sliding_window``, ``attn_logit_softcapping`` and whether it
-    has a ``sinks`` parameter; multi-head latent attention adds ``"mla"``, its dimensions
+    ``{"kinds": [{"scale", "sliding_window", "attention_chunk_size", "logits_soft_cap",
+    "sinks", "layers"}, ...], "reason": None}`` with one entry per distinct (softmax scale,
+    sliding window, attention chunk, soft-cap, sinks) in layer order (``layers``: how many
+    layers have it; the module's ``scaling``, ``sliding_window``, the config's
+    ``attention_chunk_size`` on a ``chunked_attention`` layer, ``attn_logit_softcapping``
+    and whether it has a ``sinks`` parameter; multi-head latent attention adds ``"mla"``, its dimensions
     from :func:`kb_nano.operators.mla.mla_layer`), or ``{"kinds": [], "reason": "not
     covered: ..."}`` for an attention module with parts kb-nano does not measure
     (:data:`ATTENTION_CHILDREN`; sinks that :func:`sinks_reason` rejects; an MLA class
@@ -78,12 +98,15 @@ def attention_layers(lm: torch.nn.Module) -> dict:
             if probed[type(module)]:
                 return {"kinds": [], "reason": probed[type(module)]}
         window = getattr(module, "sliding_window", None)
+        chunk = _chunk_size(module) if _layer_type(module) == "chunked_attention" else None
         cap = getattr(module, "attn_logit_softcapping", None)
-        key = (float(module.scaling), int(window) if window else None, float(cap) if cap else None, sinks)
+        key = (float(module.scaling), int(window) if window else None, chunk, float(cap) if cap else None, sinks)
         key += (tuple(mla.values()),) if mla else ()
         entry = kinds.setdefault(
             key,
-            {"scale": key[0], "sliding_window": key[1], "logits_soft_cap": key[2], "sinks": sinks}
+            {"scale": key[0], "sliding_window": key[1]}
+            | ({"attention_chunk_size": chunk} if chunk else {})
+            | {"logits_soft_cap": key[3], "sinks": sinks}
             | ({"mla": mla} if mla else {})
             | {"layers": 0},
         )

@@ -14,8 +14,8 @@ scale, sliding window and logit soft-cap, so layers that differ (Gemma's sliding
 global layers) are measured as separate kinds. A module that computes something else
 is ``not covered``; attention sinks (gpt-oss) are probed and become part of the kind, and
 DeepSeek-V3's multi-head latent attention is a kind with its dimensions.
-Per-head q/k norms (``qk_norm``: Qwen3, Gemma-3) are read the same
-way as the hidden-size norm; each layer's feed-forward block gives the dense MLPs (width,
+Per-head q/k norms (``qk_norm``: Qwen3, Gemma-3; Llama-4's weightless one) are read the
+same way as the hidden-size norm; each layer's feed-forward block gives the dense MLPs (width,
 activation) and the MoE block, covered only for the classes the ``fused_moe`` baseline is
 tested equal to (:mod:`kb_nano.models.ffn_tree`). The attention's rotation of q and k
 (``rotary_embedding``) is probed on its modeling file's ``apply_rotary_pos_emb`` (and
@@ -219,10 +219,15 @@ def qk_norm(lm: torch.nn.Module) -> dict | None:
     """The per-head q/k norm of the causal LM ``lm`` (meta device), from the first
     decoder layer's attention module with ``q_norm`` and ``k_norm`` children (Qwen3,
     Gemma-3): ``{"class", "weight_offset", "reason"}`` as :func:`hidden_norm` gives it
-    (the form probed on ``q_norm``, whose ``weight`` is ``[head_dim]``), or None when
-    the model has no such norms."""
+    (the form probed on ``q_norm``, whose ``weight`` is ``[head_dim]``); or with one
+    ``qk_norm`` child applied to q and to k (Llama-4's ``Llama4TextL2Norm``, on its layers
+    with rotation): ``{"class", "weight_offset": 0.0, "has_weight": False, "reason"}``
+    when it is a weightless RMSNorm (:func:`weightless_norm`); None when the model has
+    no such norms."""
     for name, module in lm.named_modules():
-        if name.endswith(".self_attn") and hasattr(module, "q_norm") and hasattr(module, "k_norm"):
+        if not name.endswith(".self_attn"):
+            continue
+        if hasattr(module, "q_norm") and hasattr(module, "k_norm"):
             norm = module.q_norm
             cls = type(norm).__name__
             weight = getattr(norm, "weight", None)
@@ -231,7 +236,32 @@ def qk_norm(lm: torch.nn.Module) -> dict | None:
                 reason = f"not covered: {cls} computes neither {' nor '.join(NORM_FORMS.values())}"
                 return {"class": cls, "weight_offset": None, "reason": reason}
             return {"class": cls, "weight_offset": offset, "reason": None}
+        if isinstance(getattr(module, "qk_norm", None), torch.nn.Module):
+            cls = type(module.qk_norm).__name__
+            if weightless_norm(module.qk_norm, int(module.head_dim)):
+                return {"class": cls, "weight_offset": 0.0, "has_weight": False, "reason": None}
+            reason = f"not covered: {cls} is not x * rsqrt(mean(x^2) + eps) without a weight"
+            return {"class": cls, "weight_offset": None, "has_weight": False, "reason": reason}
     return None
+
+
+def weightless_norm(meta_module: torch.nn.Module, size: int) -> bool:
+    """Whether ``meta_module`` (meta device) has no parameters and computes ``x *
+    rsqrt(mean(x^2) + eps)`` over its last dimension (``eps`` from its ``eps`` or
+    ``variance_epsilon``, else 1e-6): probed on the CPU on :data:`PROBE_ROWS` random rows
+    of ``size`` float32 values (relative tolerance 1e-4)."""
+    if any(True for _ in meta_module.parameters()):
+        return False
+    module = copy.deepcopy(meta_module).to_empty(device="cpu")
+    x = torch.randn(PROBE_ROWS, size, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            out = module(x)
+    except Exception:
+        return False
+    eps = float(getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6)))
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return isinstance(out, torch.Tensor) and out.shape == x.shape and torch.allclose(out, normed, rtol=1e-4, atol=1e-5)
 
 
 def hidden_norm(config_fields: dict, lm: torch.nn.Module | None = None) -> dict:

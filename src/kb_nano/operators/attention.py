@@ -16,7 +16,7 @@ Two scenario kinds (the ``variants`` of the operator):
   sequence, ``[N, C, num_kv_heads, head_size]`` (flash-attn ``flash_attn_with_kvcache``
   layout; vLLM's paged cache adds a block table, which kb-nano does not model).
 
-Layer kinds (``_layer_kinds``): each decoder layer's attention module of the model, built
+Layer kinds (:func:`~kb_nano.operators.attention_scenarios.layer_kinds`): each decoder layer's attention module of the model, built
 on the meta device (:func:`kb_nano.models.attention_tree.attention_layers`), gives its softmax
 scale, sliding window and logit soft-cap; a model whose layers differ (Gemma-2 and
 Gemma-3: sliding-window and global layers) gets scenarios per kind, with the kind in the id
@@ -28,8 +28,14 @@ a decode scenario twice as long as the window is added. A layer with attention s
 (gpt-oss: a learned logit per head that joins each softmax row as an extra key and is
 dropped after it) passes ``sinks=True``: the baseline then holds the per-rank sink logits
 as its parameter ``sinks`` ``[num_heads]`` and those scenarios have the ``sinks``
-semantics (``sliding_window+sinks`` on a sliding layer). An attention module with other
-parts kb-nano does not measure (Llama-4's L2 q/k norm, an MLA class other than
+semantics (``sliding_window+sinks`` on a sliding layer). Llama-4's layers with rotation
+are ``chunked_attention`` layers (``__chunked8192``): the query at position i sees the
+earlier keys of its chunk, positions floor(i / C) * C .. i (the constructor's
+``attention_chunk_size``, vLLM ``ChunkedLocalAttention``); a decode scenario of 1.5 C
+is added. Its layers without rotation are ``full`` layers whose queries vLLM's
+``Llama4Attention.forward`` scales by a factor of the position in torch before calling
+``Attention`` (``attn_temperature_tuning``): kb-nano measures the op, not that scaling.
+An attention module with other parts kb-nano does not measure (an MLA class other than
 DeepSeek-V3's) makes the operator ``n/a: not covered: ...`` for the model.
 Multi-head latent attention (DeepSeek-V3) is a layer kind with the ``mla`` semantics (ids
 end in ``__mla``), computed as vLLM's MLA backends do: :mod:`kb_nano.operators.mla`.
@@ -45,7 +51,7 @@ a soft-cap the baseline computes the logits in float32, as vLLM's soft-capping k
 before the ``tanh`` move by ~0.1, and a float32 kernel then differed from a bf16-logit
 one by up to 0.3 beyond the tolerance (prefill of 64 tokens at Gemma-2's shapes, CPU).
 
-Traffic (``_traffic``): minimum DRAM bytes = q, k, v, output (+ the two caches in decode,
+Traffic (:func:`~kb_nano.operators.attention_scenarios.traffic`): minimum DRAM bytes = q, k, v, output (+ the two caches in decode,
 + the sinks) read/written once; FLOPs = the two GEMMs ``q @ k^T`` and ``p @ v``, 2 *
 head_size FLOPs each per (query head, query token, visible key) pair — the standard count
 of the FlashAttention papers (causal prefill: N(N+1)/2 visible pairs per head; decode: C+1
@@ -63,27 +69,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kb_nano.operators import attention_scenarios as scenarios
 from kb_nano.operators import mla
-from kb_nano.operators.base import (
-    TOLERANCES,
-    NotApplicable,
-    Operator,
-    config_field,
-    element_size,
-    kv_heads_per_rank,
-    normal,
-    shard,
-)
-
-# Decode context lengths when the manifest is not given ``context_lens`` (config key of the
-# same name). Small so the default sweep stays cheap on a CPU, where eager decode attention
-# of 64 sequences x 1024 cached tokens takes ~1 s per call in bf16.
-DEFAULT_CONTEXT_LENS = (256,)
-# Decode scenarios hold at most this many cached tokens (num_tokens x context_len) in one
-# layer's cache: about the whole KV cache of a real deployment (Llama-3.1-8B keeps 128 KiB
-# per token over its 32 layers, so an 80 GB GPU holds ~0.6M tokens). Beyond it the eager
-# baseline's repeated-KV copy alone needs tens of GB (1024 x 8192 tokens: 64 GiB).
-MAX_DECODE_CACHE_TOKENS = 2**20
+from kb_nano.operators.attention_scenarios import DEFAULT_CONTEXT_LENS
+from kb_nano.operators.base import TOLERANCES, Operator
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -106,6 +95,9 @@ class Attention(nn.Module):
         logits_soft_cap: ``cap * tanh(scores / cap)`` before masking (Gemma-2 ``attn_logit_softcapping``).
         per_layer_sliding_window: W: the query at position i sees only keys at positions
             > i - W (a sliding-window layer); None: every earlier key.
+        attention_chunk_size: C: the query at position i sees only the earlier keys of
+            its own chunk, positions floor(i / C) * C .. i (vLLM ``ChunkedLocalAttention``,
+            Llama-4's layers with rotation: transformers' ``chunked_attention`` layers).
         prefix: layer name (unused; vLLM signature).
         sinks: True: the layer has attention sinks (gpt-oss), a per-head sink logit held as
             the parameter ``sinks`` ``[num_heads]`` (vLLM passes the model's ``sinks``
@@ -144,6 +136,7 @@ class Attention(nn.Module):
         logits_soft_cap: float | None = None,
         per_layer_sliding_window: int | None = None,
         prefix: str = "",
+        attention_chunk_size: int | None = None,
         sinks: bool = False,
         kv_lora_rank: int | None = None,
         qk_nope_head_dim: int | None = None,
@@ -161,6 +154,7 @@ class Attention(nn.Module):
         self.num_queries_per_kv = self.num_heads // self.num_kv_heads
         self.logits_soft_cap = logits_soft_cap
         self.sliding_window = per_layer_sliding_window
+        self.chunk_size = attention_chunk_size
         self.prefix = prefix
         if sinks:  # the sink logits a scenario measures with (:func:`sink_logits`)
             self.sinks = nn.Parameter(sink_logits(num_heads), requires_grad=False)
@@ -187,17 +181,16 @@ class Attention(nn.Module):
             # prefill: batch 1, sequence n -> [1, heads, n, d]
             q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
             pos = torch.arange(n, device=query.device)
-            ahead = pos[:, None] - pos[None, :]  # query position - key position
-            mask = (ahead < 0) | (ahead >= self.sliding_window) if self.sliding_window else ahead < 0
+            mask = self._hidden(pos[:, None], pos[None, :])
         else:
             # decode: batch n, one query each, keys = cache + own -> [n, kv, C + 1, d]
             q = q.unsqueeze(2)
             k = torch.cat((key_cache, k.unsqueeze(1)), dim=1).transpose(1, 2)
             v = torch.cat((value_cache, v.unsqueeze(1)), dim=1).transpose(1, 2)
             ctx = key_cache.shape[1]  # the query sits at position ctx
-            mask = None
-            if self.sliding_window and ctx + 1 > self.sliding_window:
-                mask = ctx - torch.arange(ctx + 1, device=query.device) >= self.sliding_window
+            mask = None  # (decided on the host: no sync in the timed call)
+            if (self.sliding_window and ctx + 1 > self.sliding_window) or (self.chunk_size and ctx >= self.chunk_size):
+                mask = self._hidden(ctx, torch.arange(ctx + 1, device=query.device))
         k = repeat_kv(k, self.num_queries_per_kv)
         v = repeat_kv(v, self.num_queries_per_kv)
         if self.logits_soft_cap:  # float32 logits: see the module docstring
@@ -215,6 +208,18 @@ class Attention(nn.Module):
         if key_cache is None:
             return out[0].transpose(0, 1).reshape(n, self.num_heads * self.head_size)
         return out.reshape(n, self.num_heads * self.head_size)
+
+    def _hidden(self, query_pos: torch.Tensor | int, key_pos: torch.Tensor) -> torch.Tensor:
+        """Bool mask, True where the query at ``query_pos`` does not see the key at
+        ``key_pos`` (broadcast): a later key, one out of the sliding window, or one in an
+        earlier chunk."""
+        ahead = query_pos - key_pos
+        hidden = ahead < 0
+        if self.sliding_window:
+            hidden = hidden | (ahead >= self.sliding_window)
+        if self.chunk_size:
+            hidden = hidden | (query_pos // self.chunk_size != key_pos // self.chunk_size)
+        return hidden
 
     def _sink_probs(self, scores: torch.Tensor) -> torch.Tensor:
         """Softmax over ``scores`` ``[B, heads, S, keys]`` with each head's sink logit as an
@@ -247,153 +252,22 @@ def sink_logits(num_heads: int) -> torch.Tensor:
     return (slots + torch.rand(num_heads)) * (SINK_MAX / num_heads)
 
 
-def attention_scale(facts: dict) -> float:
-    """Softmax scale of the model: ``query_pre_attn_scalar ** -0.5`` where the config has
-    it (Gemma-2), else ``head_dim ** -0.5`` (transformers ``self.scaling``)."""
-    scalar = config_field(facts, "query_pre_attn_scalar")
-    return float(scalar) ** -0.5 if scalar else float(facts["head_dim"]) ** -0.5
-
-
-def _layer_kinds(facts: dict) -> list[tuple[str, dict]]:
-    """One kind per distinct attention layer of the model (``facts['attention_layers']``):
-    ``""`` when all layers are alike, else ``sliding<W>`` / ``full`` (numbered when two
-    kinds would share a name); the overrides carry the kind (``attention_kind``) or the
-    ``not covered`` reason (``attention_not_covered``). Facts without the module tree
-    (unit tests) give one kind from the config's fields."""
-    layers = facts.get("attention_layers")
-    if layers is None:
-        return [("", {})]
-    if layers["reason"]:
-        return [("", {"attention_not_covered": layers["reason"]})]
-    kinds = layers["kinds"]
-    if len(kinds) == 1:
-        return [("", {"attention_kind": kinds[0]})]
-    names = [f"sliding{k['sliding_window']}" if k["sliding_window"] else "full" for k in kinds]
-    names = [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
-    return [(n, {"attention_kind": k}) for n, k in zip(names, kinds, strict=True)]
-
-
-def _init_args(facts: dict, tp: int) -> dict:
-    if facts.get("attention_not_covered"):
-        raise NotApplicable(facts["attention_not_covered"])
-    kind = facts.get("attention_kind")
-    if kind is None:  # facts without the module tree: the config's fields
-        cap = config_field(facts, "attn_logit_softcapping")
-        kind = {"scale": attention_scale(facts), "sliding_window": None, "logits_soft_cap": float(cap) if cap else None}
-    if kind.get("mla"):
-        return mla.mla_init_args(kind, facts["num_attention_heads"], tp)
-    return {
-        "num_heads": shard(facts["num_attention_heads"], tp, "num_attention_heads"),
-        "head_size": facts["head_dim"],
-        "scale": kind["scale"],
-        "num_kv_heads": kv_heads_per_rank(facts["num_key_value_heads"], tp),
-        "logits_soft_cap": kind["logits_soft_cap"],
-        **({"per_layer_sliding_window": kind["sliding_window"]} if kind["sliding_window"] else {}),
-        **({"sinks": True} if kind.get("sinks") else {}),
-    }
-
-
-def _semantics(facts: dict) -> str:
-    """The layer kind's non-standard parts, joined by ``+``: ``sliding_window``, ``sinks``,
-    ``sliding_window+sinks`` (gpt-oss's sliding layers), ``mla`` (DeepSeek-V3) or ``""``."""
-    kind = facts.get("attention_kind") or {}
-    return "+".join(name for name in ("sliding_window", "sinks", "mla") if kind.get(name))
-
-
-def _variants(facts: dict, options: dict) -> list[tuple[str, dict]]:
-    """Prefill, then decode at each ``context_lens`` (default :data:`DEFAULT_CONTEXT_LENS`),
-    plus, for a model with a sliding window W, decode at 2 W (at most the model's
-    ``max_position_embeddings`` - 1) unless a context is that long: the window then hides
-    about half the keys (at W + 16 it hid 16 of 4112 and a kernel without the window
-    stayed within the tolerance)."""
-    lens = options.get("context_lens")
-    lens = list(DEFAULT_CONTEXT_LENS if lens is None else lens)
-    windows = [
-        k["sliding_window"] for k in (facts.get("attention_layers") or {}).get("kinds", []) if k["sliding_window"]
-    ]
-    if windows and lens:
-        longest = min(2 * max(windows), int(facts["max_position_embeddings"]) - 1)
-        if max(lens) < longest:
-            lens.append(longest)
-    return [("", {})] + [(f"ctx{int(c)}", {"context_len": int(c)}) for c in lens]
-
-
-def _inputs(args, facts, tp, num_tokens, dtype, context_len: int | None = None):
-    _check_lengths(facts, num_tokens, context_len)
-    if args.get("kv_lora_rank"):
-        return mla.mla_inputs(args, num_tokens, dtype, context_len)
-    h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
-    cap = args.get("logits_soft_cap")
-    # logits q.k * scale have std s^2 * sqrt(d) * scale on N(0, s^2) inputs: the cap's size;
-    # with sinks 1, the logit spread :data:`SINK_MAX` is calibrated for
-    if cap:
-        std = (cap / (d**0.5 * args["scale"])) ** 0.5
-    elif args.get("sinks"):
-        std = (d**0.5 * args["scale"]) ** -0.5
-    else:
-        std = 1.0
-    specs = [
-        normal("query", [num_tokens, h * d], dtype, std),
-        normal("key", [num_tokens, kv * d], dtype, std),
-        normal("value", [num_tokens, kv * d], dtype),
-    ]
-    if context_len is None:
-        return specs
-    return specs + [
-        normal("key_cache", [num_tokens, context_len, kv, d], dtype, std),
-        normal("value_cache", [num_tokens, context_len, kv, d], dtype),
-    ]
-
-
-def _check_lengths(facts: dict, num_tokens: int, context_len: int | None) -> None:
-    """Raises ``NotApplicable`` for a prefill longer than the model's
-    ``max_position_embeddings``, a decode position beyond it, or a decode cache of more
-    than :data:`MAX_DECODE_CACHE_TOKENS` tokens."""
-    if context_len is None:
-        if num_tokens > facts["max_position_embeddings"]:
-            raise NotApplicable(
-                f"num_tokens={num_tokens} exceeds max_position_embeddings={facts['max_position_embeddings']}"
-            )
-        return
-    if context_len + 1 > facts["max_position_embeddings"]:
-        raise NotApplicable(
-            f"context_len={context_len} + 1 exceeds max_position_embeddings={facts['max_position_embeddings']}"
-        )
-    if num_tokens * context_len > MAX_DECODE_CACHE_TOKENS:
-        raise NotApplicable(
-            f"{num_tokens} sequences x {context_len} cached tokens exceed MAX_DECODE_CACHE_TOKENS="
-            f"{MAX_DECODE_CACHE_TOKENS} (kb_nano.operators.attention)"
-        )
-
-
-def _traffic(args, inputs, dtype):
-    if args.get("kv_lora_rank"):
-        return mla.mla_traffic(args, inputs)
-    h, kv, d = args["num_heads"], args["num_kv_heads"], args["head_size"]
-    n = inputs[0]["shape"][0]
-    es = element_size(inputs[0]["dtype"])
-    qkvo = n * (2 * h + 2 * kv) * d * es + (h * es if args.get("sinks") else 0)
-    if len(inputs) == 3:  # prefill, causal
-        return qkvo, 4 * h * d * (n * (n + 1) // 2)
-    ctx = inputs[3]["shape"][1]
-    return qkvo + 2 * n * ctx * kv * d * es, 4 * h * d * n * (ctx + 1)
-
-
 OPERATORS = {
     "attention": Operator(
         name="attention",
         level=2,
         category="attention",
         baseline=Attention,
-        init_args=_init_args,
-        inputs=_inputs,
-        traffic=_traffic,
-        used_in="layers.*.self_attn.attn (after qkv_proj, q/k norm (Qwen3) and rotary_emb; before o_proj)",
-        variants=_variants,
+        init_args=scenarios.init_args,
+        inputs=scenarios.inputs,
+        traffic=scenarios.traffic,
+        used_in="layers.*.self_attn.attn (after qkv_proj, rotary_emb and any q/k norm; Llama-4's layers without "
+        "rotation scale q by position first, unmeasured; before o_proj)",
+        variants=scenarios.variants,
         tolerance=dict(TOLERANCES["attention"]),
-        semantics=_semantics,
+        semantics=scenarios.semantics,
         reads_module_tree=True,
-        layer_kinds=_layer_kinds,
+        layer_kinds=scenarios.layer_kinds,
         map_variants=lambda facts: mla.map_variants(facts, DEFAULT_CONTEXT_LENS[0]),
         contract_note=mla.MLA_CONTRACT,
     ),

@@ -95,6 +95,9 @@ class Operator:
 SEMANTICS = {
     "gemma": "norms compute x / rms(x) * (1 + weight), cast after the multiply (vLLM GemmaRMSNorm)",
     "sliding_window": "attention layer sees only the last per_layer_sliding_window keys (vLLM Attention)",
+    "chunked_attention": "attention query sees only the earlier keys of its own chunk of attention_chunk_size "
+    "tokens (Llama-4; vLLM ChunkedLocalAttention)",
+    "no_weight": "q/k norm has no weight: x / rms(x), cast back (Llama-4; vLLM RMSNorm has_weight=False)",
     "sinks": "attention softmax has a per-head sink logit as an extra key, dropped after it (gpt-oss; vLLM sinks)",
     "deepseek_v3": "MoE routes by sigmoid scores over expert groups, picks on scores + e_score_correction_bias, "
     "scales the routed output by routed_scaling_factor and adds shared experts (vLLM grouped_topk, DeepseekV2MoE)",

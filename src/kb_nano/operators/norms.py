@@ -1,5 +1,6 @@
 """Norm baselines: ``rms_norm``, ``fused_add_rms_norm`` (vLLM ``RMSNorm``), ``qk_norm``
-(the per-head RMSNorm of q and k in Qwen3 / Qwen3-MoE attention) and ``layer_norm`` (the
+(the per-head RMSNorm of q and k in Qwen3 / Qwen3-MoE / Gemma-3 attention, weightless in
+Llama-4's: semantics ``no_weight``) and ``layer_norm`` (the
 ``torch.nn.LayerNorm`` of models that normalise with mean and bias, Phi-3.5-MoE; vLLM builds
 the same module).
 
@@ -41,20 +42,25 @@ class RMSNorm(nn.Module):
         weight_offset: 0 (Llama: ``x.to(dtype) * w``) or 1 (Gemma: ``(x * (1 + w)).to(dtype)``,
             and the residual sum rounded to the input dtype before it is normalised: vLLM
             ``GemmaRMSNorm.forward_static``); passed only for Gemma-form models.
+        has_weight: False for a norm without a weight (vLLM ``RMSNorm(..., has_weight=False)``,
+            Llama-4's q/k norm: ``x * rsqrt(mean(x^2) + eps)`` cast back); passed only then.
     Forward:
         x: ``[num_tokens, hidden_size]``, bf16/fp16/fp32.
         residual: optional ``[num_tokens, hidden_size]`` same dtype.
     Returns:
         ``[num_tokens, hidden_size]`` in x's dtype, or ``(out, new_residual)`` with residual.
-    State dict: ``weight`` ``[hidden_size]`` (initialised to ones as in vLLM).
+    State dict: ``weight`` ``[hidden_size]`` (initialised to ones as in vLLM); empty
+    without a weight.
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, weight_offset: float = 0.0) -> None:
+    def __init__(
+        self, hidden_size: int, eps: float = 1e-6, weight_offset: float = 0.0, has_weight: bool = True
+    ) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.variance_epsilon = eps
         self.weight_offset = float(weight_offset)
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(torch.ones(hidden_size)) if has_weight else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         orig_dtype = x.dtype
@@ -66,7 +72,9 @@ class RMSNorm(nn.Module):
                 x = residual.to(torch.float32)
         variance = x.pow(2).mean(dim=-1, keepdim=True)
         x = x * torch.rsqrt(variance + self.variance_epsilon)
-        if self.weight_offset:
+        if self.weight is None:
+            x = x.to(orig_dtype)
+        elif self.weight_offset:
             x = (x * (self.weight_offset + self.weight.float())).to(orig_dtype)
         else:
             x = x.to(orig_dtype) * self.weight
@@ -140,8 +148,11 @@ def norm_weight_offset(facts: dict, which: str = "hidden_norm") -> float:
 
 
 def norm_semantics(facts: dict, which: str = "hidden_norm") -> str:
-    """``gemma`` for a model whose norm ``which`` scales by ``1 + weight``, else ``""``."""
+    """``gemma`` for a model whose norm ``which`` scales by ``1 + weight``, ``no_weight``
+    for one without a weight (Llama-4's q/k norm), else ``""``."""
     norm = facts.get(which) or {}
+    if norm.get("has_weight") is False:
+        return "no_weight"
     return "gemma" if norm.get("weight_offset") == 1.0 else ""
 
 
@@ -185,7 +196,9 @@ QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 
 class QKNorm(nn.Module):
-    """RMSNorm over ``head_dim`` applied to every head of q and of k (Qwen3 QK-norm).
+    """RMSNorm over ``head_dim`` applied to every head of q and of k (Qwen3 QK-norm;
+    Llama-4's weightless L2 norm, after RoPE on its layers with rotation: vLLM
+    ``Llama4Attention``'s ``RMSNorm(head_dim, has_weight=False)`` on q and on k).
 
     vLLM ``Qwen3Attention.forward`` views q ``[N, heads * head_dim]`` as
     ``[N, heads, head_dim]``, applies ``self.q_norm`` (``RMSNorm(head_dim, eps)``) and views
@@ -199,20 +212,28 @@ class QKNorm(nn.Module):
         eps: ``rms_norm_eps``.
         weight_offset: 1 for Gemma-form norms (``x / rms(x) * (1 + w)``: Gemma-3), as
             :class:`RMSNorm`; passed only for those.
+        has_weight: False for Llama-4's weightless norm (as :class:`RMSNorm`); passed only then.
     Forward: q ``[num_tokens, num_heads * head_dim]``, k ``[num_tokens, num_kv_heads * head_dim]``.
     Returns ``(q, k)`` normalised, same shapes and dtype.
-    State dict: ``q_norm.weight``, ``k_norm.weight`` ``[head_dim]`` (vLLM's parameter names).
+    State dict: ``q_norm.weight``, ``k_norm.weight`` ``[head_dim]`` (vLLM's parameter names);
+    empty without a weight.
     """
 
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float = 1e-6, weight_offset: float = 0.0
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        eps: float = 1e-6,
+        weight_offset: float = 0.0,
+        has_weight: bool = True,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.q_norm = RMSNorm(head_dim, eps, weight_offset)
-        self.k_norm = RMSNorm(head_dim, eps, weight_offset)
+        self.q_norm = RMSNorm(head_dim, eps, weight_offset, has_weight)
+        self.k_norm = RMSNorm(head_dim, eps, weight_offset, has_weight)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor):
         q_by_head = self.q_norm(q.view(*q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim))
@@ -222,12 +243,14 @@ class QKNorm(nn.Module):
 
 def _qk_init_args(facts: dict, tp: int) -> dict:
     offset = norm_weight_offset(facts, "qk_norm")
+    weightless = (facts.get("qk_norm") or {}).get("has_weight") is False
     return {
         "num_heads": shard(facts["num_attention_heads"], tp, "num_attention_heads"),
         "num_kv_heads": kv_heads_per_rank(facts["num_key_value_heads"], tp),
         "head_dim": facts["head_dim"],
         "eps": facts["rms_norm_eps"],
         **({"weight_offset": offset} if offset else {}),
+        **({"has_weight": False} if weightless else {}),
     }
 
 
@@ -252,8 +275,9 @@ def _qk_traffic(args, inputs, dtype):
     n = q["shape"][0]
     es = element_size(q["dtype"])
     width = q["shape"][1] + k["shape"][1]
-    # As rms_norm per head: read + write q and k, two weights; 4 flops per element.
-    return 2 * n * width * es + 2 * args["head_dim"] * es, 4 * n * width
+    # As rms_norm per head: read + write q and k, two weights (none without); 4 flops per element.
+    weights = 2 * args["head_dim"] * es if args.get("has_weight", True) else 0
+    return 2 * n * width * es + weights, 4 * n * width
 
 
 # an all-zero row (0 / sqrt(0 + eps)) and variance near eps; not "large": the output does not
@@ -270,7 +294,8 @@ OPERATORS = {
         init_args=_qk_init_args,
         inputs=_qk_inputs,
         traffic=_qk_traffic,
-        used_in="layers.*.self_attn.q_norm / k_norm (per head, after qkv_proj, before rotary_emb)",
+        used_in="layers.*.self_attn.q_norm / k_norm (per head, after qkv_proj, before rotary_emb: Qwen3, Gemma-3); "
+        "Llama-4: self_attn.qk_norm (weightless, after rotary_emb, on the layers with rotation)",
         applies_to=_uses_qk_norm,
         edge_cases=NORM_EDGE_CASES,
         semantics=lambda facts: norm_semantics(facts, "qk_norm"),
