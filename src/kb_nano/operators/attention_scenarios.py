@@ -158,7 +158,7 @@ def check_lengths(facts: dict, num_tokens: int, context_len: int | None) -> None
     if num_tokens * context_len > MAX_DECODE_CACHE_TOKENS:
         raise NotApplicable(
             f"{num_tokens} sequences x {context_len} cached tokens exceed MAX_DECODE_CACHE_TOKENS="
-            f"{MAX_DECODE_CACHE_TOKENS} (kb_nano.operators.attention)"
+            f"{MAX_DECODE_CACHE_TOKENS} (kb_nano.operators.attention_scenarios)"
         )
 
 
