@@ -291,7 +291,7 @@ def model_facts(config, ref: ModelRef) -> dict:
     heads = int(need("num_attention_heads"))
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16"
+    dtype = getattr(config, "dtype", None) or "bfloat16"  # (transformers 5: torch_dtype is an alias of dtype)
     dtype = str(dtype).removeprefix("torch.")
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if "rope_theta" not in rope and getattr(config, "rope_theta", None) is not None:
