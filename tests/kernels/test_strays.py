@@ -50,3 +50,28 @@ def test_a_killed_process_still_exiting_is_not_a_stray_but_a_reused_pid_is():
             p.kill()
             p.wait()
         procs.KILLED.pop(other.pid, None)
+
+
+def test_a_process_whose_main_thread_ended_alone_is_still_a_stray():
+    """A main thread that ends by a raw ``exit`` syscall (not ``exit_group``) leaves the
+    process in state ``Z`` in ``/proc/<pid>/stat`` while its other thread runs on."""
+    code = (
+        "import ctypes, os, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,)).start()\n"
+        "ctypes.CDLL(None).syscall(60 if os.uname().machine == 'x86_64' else 93, 0)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # until the main thread has ended
+            with open(f"/proc/{other.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            assert time.monotonic() < deadline, "the main thread did not end"
+            time.sleep(0.01)
+        assert other.poll() is None and other.pid in strays(worker.pid, {worker.pid})
+    finally:
+        for p in (worker, other):
+            p.kill()
+            p.wait()

@@ -63,6 +63,8 @@ def test_llama4_scout_scenarios_carry_the_chunked_kind_and_the_weightless_norm()
         "attention__llama4-scout__tp8__n4__ctx12288__full",
         "attention__llama4-scout__tp8__n4__ctx16__chunked8192",
         "attention__llama4-scout__tp8__n4__ctx16__full",
+        "attention__llama4-scout__tp8__n4__ctx8192__chunked8192",
+        "attention__llama4-scout__tp8__n4__ctx8192__full",
         "attention__llama4-scout__tp8__n4__full",
         "qk_norm__llama4-scout__tp8__n4__no_weight",
     ]
@@ -133,6 +135,23 @@ def test_candidates_run_chunked_scenarios_only_when_declared_and_pass_only_with_
     if status == "skipped":
         assert "does not list 'chunked_attention' in supported_semantics" in row["error"], row["error"]
         assert "ChunkedLocalAttention" in row["error"], row["error"]
+
+
+@pytest.mark.slow
+def test_a_chunk_starting_one_key_late_fails_at_the_chunk_boundary(tmp_path):
+    """``>`` for ``>=`` in the decode's chunk test: wrong only when the query is the first
+    of its chunk (ctx = C), where it must see only itself."""
+    shipped = (REPO / "candidates/attention/gqa_grouped.py").read_text()
+    assert "if self.chunk and c >= self.chunk:" in shipped
+    path = tmp_path / "late_chunk.py"
+    path.write_text(shipped.replace("if self.chunk and c >= self.chunk:", "if self.chunk and c > self.chunk:"))
+    m = generate(["llama4-scout"], [8], [2], "auto", REPO, targets=["attention"], context_lens=[16])
+    rows = {s["scenario_id"]: s for s in m["scenarios"]}
+    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
+    for suffix, status in (("ctx8192__chunked8192", "incorrect"), ("ctx12288__chunked8192", "passed")):
+        scenario = rows[f"attention__llama4-scout__tp8__n2__{suffix}"]
+        row = measure_once(scenario, "attention/late_chunk", path, {**settings, "timeout_s": 120}, REPO)
+        assert row["status"] == status, (suffix, row["error"])
 
 
 @pytest.mark.slow

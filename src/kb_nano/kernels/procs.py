@@ -90,13 +90,23 @@ def _start_time(pid: int) -> int | None:
 
 
 def _exited(pid: int) -> bool:
-    """Whether process ``pid`` is gone or a zombie (state ``Z``/``X`` in ``/proc/<pid>/stat``)."""
+    """Whether process ``pid`` is gone or a zombie: every thread of it in state ``Z``/``X``
+    (``/proc/<pid>/task/<tid>/stat``). The process's own ``stat`` is not enough: a main
+    thread that ends alone (a raw ``exit`` syscall) shows ``Z`` there while its other
+    threads run on."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return True
-    return text[text.rindex(")") + 2 : text.rindex(")") + 3] in ("Z", "X")
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if text[text.rindex(")") + 2 : text.rindex(")") + 3] not in ("Z", "X"):
+            return False
+    return True
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of /proc/<pid>/stat's cutime and cstime

@@ -31,8 +31,8 @@ as its parameter ``sinks`` ``[num_heads]`` and those scenarios have the ``sinks`
 semantics (``sliding_window+sinks`` on a sliding layer). Llama-4's layers with rotation
 are ``chunked_attention`` layers (``__chunked8192``): the query at position i sees the
 earlier keys of its chunk, positions floor(i / C) * C .. i (the constructor's
-``attention_chunk_size``, vLLM ``ChunkedLocalAttention``); a decode scenario of 1.5 C
-is added. Its layers without rotation are ``full`` layers whose queries vLLM's
+``attention_chunk_size``, vLLM ``ChunkedLocalAttention``); decode scenarios of C and 1.5 C
+are added (:func:`~kb_nano.operators.attention_scenarios.variants`). Its layers without rotation are ``full`` layers whose queries vLLM's
 ``Llama4Attention.forward`` scales by a factor of the position in torch before calling
 ``Attention`` (``attn_temperature_tuning``): kb-nano measures the op, not that scaling.
 An attention module with other parts kb-nano does not measure (an MLA class other than

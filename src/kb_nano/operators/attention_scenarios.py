@@ -96,21 +96,26 @@ def semantics(facts: dict) -> str:
 
 def variants(facts: dict, options: dict) -> list[tuple[str, dict]]:
     """Prefill, then decode at each ``context_lens`` (default :data:`DEFAULT_CONTEXT_LENS`),
-    plus one decode context long enough for the model's local layers to hide keys, unless
-    a context is that long already (at most the model's ``max_position_embeddings`` - 1):
-    2 W for a sliding window W, where the window hides about half the keys (at W + 16 it
-    hid 16 of 4112 and a kernel without the window stayed within the tolerance); C + C / 2
-    for attention chunks of C tokens (Llama-4), where the query's chunk holds the last C / 2
-    + 1 keys and two thirds are hidden."""
+    plus decode contexts that make the model's local layers hide keys (each at most the
+    model's ``max_position_embeddings`` - 1): one long enough, unless a context is that
+    long already: 2 W for a sliding window W, where the window hides about half the keys
+    (at W + 16 it hid 16 of 4112 and a kernel without the window stayed within the
+    tolerance), or C + C / 2 for attention chunks of C tokens (Llama-4), where the query's
+    chunk holds the last C / 2 + 1 keys; and for chunks always C itself, where the query
+    is the first of a new chunk and sees only itself, so a kernel whose chunk starts one
+    key early or late fails by a whole output (at C + C / 2 one key of 4097 moved the
+    output within the tolerance on some inputs). A prefill crosses a chunk (or a window)
+    only at ``num_tokens`` beyond it (``--num-tokens 8200`` for Llama-4)."""
     lens = options.get("context_lens")
     lens = list(DEFAULT_CONTEXT_LENS if lens is None else lens)
     kinds = (facts.get("attention_layers") or {}).get("kinds", [])
-    needed = [2 * k["sliding_window"] for k in kinds if k["sliding_window"]]
-    needed += [c + c // 2 for k in kinds if (c := k.get("attention_chunk_size"))]
+    limit = int(facts["max_position_embeddings"]) - 1
+    chunks = sorted({c for k in kinds if (c := k.get("attention_chunk_size"))})
+    needed = [2 * k["sliding_window"] for k in kinds if k["sliding_window"]] + [c + c // 2 for c in chunks]
     if needed and lens:
-        longest = min(max(needed), int(facts["max_position_embeddings"]) - 1)
-        if max(lens) < longest:
-            lens.append(longest)
+        longest = min(max(needed), limit)
+        added = [c for c in chunks if c <= limit and c not in lens]
+        lens += added + ([longest] if max(lens) < longest and longest not in added else [])
     return [("", {})] + [(f"ctx{int(c)}", {"context_len": int(c)}) for c in lens]
 
 
