@@ -30,6 +30,11 @@ from kb_nano.kernels.verdict import WORKER_VERDICTS, Verdict
 from kb_nano.operators.base import DTYPES
 
 CROSS_CHECK_RETRIES = 2  # rounds of more batches when the clock cross-check fails (jitter passes, hidden work stays)
+# ... and up to this many rounds in all while the check is undecided (over the allowance but
+# within the host's noise): on a loaded host the noise of few batches hid a forged clock (0.3x
+# times reported: a 2.9x row passed on the 2-core CPU at load 2.5-2.8); it shrinks as
+# 1/sqrt(blocks) while the hidden time stays, so more blocks decide it either way
+CROSS_CHECK_MAX_ROUNDS = 8
 
 
 class Interrupted(Exception):
@@ -146,11 +151,17 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     checked = ["eager"] if device.type != "cuda" else [] if "graph" in s["errors"] else ["graph"]
     extra: dict = {}
     # clean without any allowance for noise, or more blocks (host jitter passes with more
-    # blocks, hidden work stays); only then is the noise of the batches allowed (_limit)
-    for _ in range(CROSS_CHECK_RETRIES):
-        if all(hidden_ms(s[t]) <= _allowed(s[t], device) for t in checked):
+    # blocks, hidden work stays): CROSS_CHECK_RETRIES rounds, then more while the check is
+    # undecided (within _limit) and the deadline allows; only then is the noise allowed (_limit)
+    rounds, round_s = 0, 0.0
+    while any(hidden_ms(s[t]) > _allowed(s[t], device) for t in checked):
+        undecided = all(hidden_ms(s[t]) <= _limit(s[t], device) for t in checked)
+        in_time = time.monotonic() + 3 * round_s + 2.0 < m.deadline
+        if rounds >= CROSS_CHECK_RETRIES and not (undecided and in_time and rounds < CROSS_CHECK_MAX_ROUNDS):
             break
+        t = time.monotonic()
         m.more(s, MIN_BLOCKS.get(device.type, 10))
+        rounds, round_s = rounds + 1, time.monotonic() - t
     for t in checked:
         _cross_check(s[t], m.k if t == "graph" else m.n, device, extra, t)
     extra.update(timer_fields(s, device))
