@@ -4,7 +4,8 @@ A candidate is ``candidates/{target}/{name}.py`` defining exactly one ``nn.Modul
 subclass with the baseline's constructor signature and ``state_dict`` keys. Its id is
 ``{target}/{name}``. An optional class attribute ``supported_devices`` (default
 ``("cpu", "cuda")``) lists the device types it runs on. Discovery is torch-free (used at
-Snakefile parse time); loading imports the file.
+Snakefile parse time); loading imports the file. A candidate's exception becomes one
+line for its row (:func:`explain`), naming the candidate's own file and line.
 """
 
 from __future__ import annotations
@@ -119,3 +120,38 @@ def one_line(exc: BaseException) -> str:
     """``TypeName: message`` on one line, at most 300 characters."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+def explain(exc: BaseException) -> str:
+    """One line for a row, the traceback to the job log; a ``PermissionError`` says why
+    (the sandbox) and where a candidate may write."""
+    import traceback
+
+    traceback.print_exception(exc)
+    hint = (
+        (
+            " (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
+            "directory, see docs/measurement.md)"
+        )
+        if isinstance(exc, PermissionError)
+        else ""
+    )
+    where = _candidate_frame(exc)
+    where = f" (at {where}; traceback in the job's log)" if where else ""
+    return one_line(exc)[: 300 - len(hint) - len(where)] + where + hint
+
+
+def _candidate_frame(exc: BaseException) -> str | None:
+    """``file.py:line`` of the innermost frame of ``exc``'s traceback that is the
+    candidate's code (outside kb_nano, the standard library and installed packages), or None."""
+    import os
+    import sys
+    import sysconfig
+    import traceback
+
+    import kb_nano
+
+    skip = {os.path.dirname(kb_nano.__file__), sys.prefix, sys.base_prefix}
+    skip |= {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not any(f.filename.startswith(d) for d in skip)]
+    return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else None

@@ -159,3 +159,18 @@ def test_a_narrow_column_folds_dotted_names_between_their_parts():
     cells = [ln.split("│")[0].strip() for ln in lines]
     assert cells[:2] == ["layers.*.", "self_attn.q_norm"], lines
     assert "kb_nano.operators.norms" in lines[0]
+
+
+def test_the_summary_says_when_a_review_flag_is_in_a_row_not_shown(monkeypatch, capsys):
+    from kb_nano.kernels.merge import summarize
+    from kb_nano.kernels.table import print_kernels
+
+    flagged = {**row("rms_norm", "old", n=1, speedup=3.0), "review": "implausible: below the roofline"}
+    fresh = row("rms_norm", "new", n=1, speedup=1.1)
+    monkeypatch.setenv("COLUMNS", "250")
+    print_kernels([flagged, fresh], summarize([flagged, fresh]), shown=[fresh])
+    out = capsys.readouterr().out
+    assert "1 flagged for REVIEW (1 of them in rows not shown: --all-rows)" in out, out
+    print_kernels([flagged, fresh], summarize([flagged, fresh]))
+    out = capsys.readouterr().out
+    assert "1 flagged for REVIEW" in out and "not shown" not in out, out

@@ -113,3 +113,23 @@ def test_load_class_missing_file(tmp_path):
 def test_file_sha256(tmp_path):
     path = write(tmp_path / "x.py", "X = 1\n")
     assert file_sha256(path) == hashlib.sha256(b"X = 1\n").hexdigest()
+
+
+def test_a_candidate_exception_names_the_candidate_line(tmp_path, monkeypatch):
+    """The row's one line says where in the candidate's own file the exception came from
+    (the frames of torch, the standard library and kb_nano are skipped)."""
+    import torch
+
+    from kb_nano.candidates import explain
+
+    (tmp_path / "mycand.py").write_text("import torch\n\n\ndef f(x):\n    return x.view(2, 2, 2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import mycand
+
+    try:
+        mycand.f(torch.ones(3))
+    except RuntimeError as exc:
+        line = explain(exc)
+    assert line.startswith("RuntimeError: shape '[2, 2, 2]' is invalid") and line.endswith(
+        "(at mycand.py:5; traceback in the job's log)"
+    ), line

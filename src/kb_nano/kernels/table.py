@@ -208,4 +208,15 @@ def print_kernels(
             else ""
         )
         + (f"; {review} flagged for REVIEW" if review else "")
+        + (
+            f" ({unseen} of them in rows not shown: --all-rows)"
+            if review and (unseen := _unseen_review(rows, shown))
+            else ""
+        ),
     )
+
+
+def _unseen_review(rows: list[dict], shown: list[dict]) -> int:
+    """How many rows flagged for REVIEW are among ``rows`` but not in ``shown``."""
+    seen = {id(r) for r in shown}
+    return sum(1 for r in rows if r.get("review") and id(r) not in seen)

@@ -25,6 +25,7 @@ import gc
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the CUDA IPC reductions used by shm)
 
+from kb_nano.candidates import explain
 from kb_nano.kernels import checks, heap, timing
 from kb_nano.kernels.build import skip_init, unset_storage
 from kb_nano.kernels.inputs import randomize_constant_parameters
@@ -353,25 +354,6 @@ class Side:
                 "a reused buffer is overwritten by the next call"
             )
         return None
-
-
-def explain(exc: BaseException) -> str:
-    """One line for a row, the traceback to the job log; a ``PermissionError`` says why
-    (the sandbox) and where a candidate may write."""
-    import traceback
-
-    from kb_nano.candidates import one_line
-
-    traceback.print_exception(exc)
-    hint = (
-        (
-            " (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
-            "directory, see docs/measurement.md)"
-        )
-        if isinstance(exc, PermissionError)
-        else ""
-    )
-    return one_line(exc)[: 300 - len(hint)] + hint
 
 
 def _drop(k: int, out) -> None:

@@ -252,6 +252,15 @@ def sink_logits(num_heads: int) -> torch.Tensor:
     return (slots + torch.rand(num_heads)) * (SINK_MAX / num_heads)
 
 
+# the candidate contract beyond the signatures (``kernels --list``)
+ATTENTION_CONTRACT = (
+    "prefill forward(query[N, H*D], key[N, KV*D], value[N, KV*D]) -> [N, H*D]: causal over one sequence of N "
+    "tokens; decode forward(query, key, value of each sequence's new token, key_cache[N, C, KV, D], "
+    "value_cache[N, C, KV, D] of its C earlier tokens) -> [N, H*D]. Semantics a candidate lists in "
+    "supported_semantics to run those scenarios: sliding_window (per_layer_sliding_window), chunked_attention "
+    "(attention_chunk_size), sinks (sinks=True: parameter sinks[H]), mla"
+)
+
 OPERATORS = {
     "attention": Operator(
         name="attention",
@@ -269,6 +278,6 @@ OPERATORS = {
         reads_module_tree=True,
         layer_kinds=scenarios.layer_kinds,
         map_variants=lambda facts: mla.map_variants(facts, DEFAULT_CONTEXT_LENS[0]),
-        contract_note=mla.MLA_CONTRACT,
+        contract_note=ATTENTION_CONTRACT + "\n" + mla.MLA_CONTRACT,
     ),
 }
