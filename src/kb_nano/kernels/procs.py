@@ -78,15 +78,23 @@ def strays(worker_pid: int, known: set[int]) -> list[int]:
     )
 
 
+def _stat_fields(path: str) -> list[str] | None:
+    """The fields of a ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat`` file from
+    the 3rd (state) on (after the command name's closing parenthesis, which may itself
+    hold spaces and parentheses); None when it cannot be read."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
 def _start_time(pid: int) -> int | None:
     """Start time of process ``pid`` (clock ticks after boot, ``/proc/<pid>/stat`` field
     22); None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-        return int(text[text.rindex(")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    return int(fields[19]) if fields and len(fields) > 19 else None
 
 
 def _exited(pid: int) -> bool:
@@ -99,12 +107,8 @@ def _exited(pid: int) -> bool:
     except OSError:
         return True
     for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        if text[text.rindex(")") + 2 : text.rindex(")") + 3] not in ("Z", "X"):
+        fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        if fields and fields[0] not in ("Z", "X"):
             return False
     return True
 
@@ -136,21 +140,18 @@ def _process_cpu_s(pid: int) -> float:
 def reaped_cpu_s(pid: int) -> float:
     """CPU seconds of the children process ``pid`` has reaped (waited for): ``cutime +
     cstime`` of ``/proc/<pid>/stat`` (clock ticks). 0.0 when it cannot be read."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-        fields = text[text.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    with contextlib.suppress(TypeError, ValueError, IndexError):
         return (int(fields[13]) + int(fields[14])) / _CLK_TCK  # cutime, cstime
     return 0.0
 
 
 def parent_pid(pid: int) -> int | None:
     """The parent of process ``pid`` (``/proc/<pid>/stat``), None when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    with contextlib.suppress(TypeError, ValueError, IndexError):
+        return int(fields[1])
+    return None
 
 
 def become_subreaper() -> None:
