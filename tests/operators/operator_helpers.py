@@ -45,8 +45,6 @@ def measure_moe_candidate(scenario: dict, candidate: str, edits: list[tuple[str,
     broken copy of it written under ``tmp_path`` as ``candidate``; returns the row."""
     from workflow_helpers import REPO
 
-    from kb_nano.kernels.measure import measure_once
-
     path = REPO / "candidates/fused_moe/sorted_experts.py"
     if edits:
         text = path.read_text()
@@ -55,5 +53,15 @@ def measure_moe_candidate(scenario: dict, candidate: str, edits: list[tuple[str,
             text = text.replace(old, new)
         path = tmp_path / f"{candidate}.py"
         path.write_text(text)
+    return measure_cpu(scenario, f"fused_moe/{candidate}", path, timeout_s=300)
+
+
+def measure_cpu(scenario: dict, candidate_id: str, path, timeout_s: float = 120) -> dict:
+    """One short CPU measurement (``measure_once``: operator tolerances, 1 warm-up, 3 runs,
+    one thread) of the candidate file ``path`` as ``candidate_id``; returns the row."""
+    from workflow_helpers import REPO
+
+    from kb_nano.kernels.measure import measure_once
+
     settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
-    return measure_once(scenario, f"fused_moe/{candidate}", path, {**settings, "timeout_s": 300}, REPO)
+    return measure_once(scenario, candidate_id, path, {**settings, "timeout_s": timeout_s}, REPO)

@@ -11,14 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from operator_helpers import randn
+from operator_helpers import measure_cpu, randn
 from transformers.masking_utils import chunked_causal_mask_function
 from transformers.models.llama.modeling_llama import eager_attention_forward
 from transformers.models.llama4.modeling_llama4 import Llama4TextL2Norm
 from workflow_helpers import REPO
 
 from kb_nano.kernels.manifest import generate
-from kb_nano.kernels.measure import measure_once
 from kb_nano.operators.attention import Attention
 from kb_nano.operators.norms import QKNorm
 
@@ -129,8 +128,7 @@ def test_candidates_run_chunked_scenarios_only_when_declared_and_pass_only_with_
     else:
         path = tmp_path / "chunkless.py"
         path.write_text(CHUNKLESS.replace("{semantics}", semantics))
-    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
-    row = measure_once(scenario, f"attention/{candidate}", path, {**settings, "timeout_s": 120}, REPO)
+    row = measure_cpu(scenario, f"attention/{candidate}", path)
     assert row["status"] == status, row["error"]
     if status == "skipped":
         assert "does not list 'chunked_attention' in supported_semantics" in row["error"], row["error"]
@@ -147,10 +145,8 @@ def test_a_chunk_starting_one_key_late_fails_at_the_chunk_boundary(tmp_path):
     path.write_text(shipped.replace("if self.chunk and c >= self.chunk:", "if self.chunk and c > self.chunk:"))
     m = generate(["llama4-scout"], [8], [2], "auto", REPO, targets=["attention"], context_lens=[16])
     rows = {s["scenario_id"]: s for s in m["scenarios"]}
-    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
     for suffix, status in (("ctx8192__chunked8192", "incorrect"), ("ctx12288__chunked8192", "passed")):
-        scenario = rows[f"attention__llama4-scout__tp8__n2__{suffix}"]
-        row = measure_once(scenario, "attention/late_chunk", path, {**settings, "timeout_s": 120}, REPO)
+        row = measure_cpu(rows[f"attention__llama4-scout__tp8__n2__{suffix}"], "attention/late_chunk", path)
         assert row["status"] == status, (suffix, row["error"])
 
 
@@ -158,7 +154,5 @@ def test_a_chunk_starting_one_key_late_fails_at_the_chunk_boundary(tmp_path):
 def test_the_shipped_qk_norm_candidate_passes_the_weightless_norm():
     m = generate(["llama4-scout"], [8], [4], "auto", REPO, targets=["qk_norm"])
     (scenario,) = m["scenarios"]
-    settings = {"device": "cpu", "atol": None, "rtol": None, "num_warmup": 1, "num_runs": 3, "num_threads": 1}
-    path = REPO / "candidates/qk_norm/fused_rms.py"
-    row = measure_once(scenario, "qk_norm/fused_rms", path, {**settings, "timeout_s": 120}, REPO)
+    row = measure_cpu(scenario, "qk_norm/fused_rms", REPO / "candidates/qk_norm/fused_rms.py")
     assert row["status"] == "passed", row["error"]

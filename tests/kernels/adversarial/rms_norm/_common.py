@@ -1,6 +1,8 @@
 """Shared pieces of the adversarial rms_norm candidates (a helper module: names starting
 with ``_`` are not candidates)."""
 
+import ctypes
+import mmap
 import os
 import struct
 import time
@@ -44,3 +46,49 @@ def burn_while_idle(worker: int, shm, seconds: float = 120) -> None:
         t = time.monotonic_ns() + 2_000_000
         while time.monotonic_ns() < t:
             x += 1
+
+
+# MAP_SHARED anonymous memory a burner candidate's helpers read: [busy, last_end_ns] (two
+# int64), written by IdleSignalling around each call
+SHM = mmap.mmap(-1, 16)
+CLONE_PARENT = 0x00008000
+SIGCHLD = 17
+SYS_CLONE = 56 if os.uname().machine == "x86_64" else 220
+
+
+def clone_sibling(body) -> None:
+    """Start a process as a sibling of this worker (raw ``clone(CLONE_PARENT)``: a child
+    of the worker's parent, outside the worker's process tree) that runs ``body()`` and
+    exits."""
+    libc = ctypes.PyDLL(None)  # keeps the GIL across the call
+    libc.syscall.restype = ctypes.c_long
+    args = (SYS_CLONE, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+    if libc.syscall(*map(ctypes.c_long, args)) == 0:
+        try:
+            ctypes.pythonapi.PyOS_AfterFork_Child()
+            body()
+        finally:
+            os._exit(0)
+
+
+class IdleSignalling(Base):
+    """A correct fused rms_norm (with the residual add of fused_add_rms_norm) that starts
+    its helpers (:meth:`start_helpers`, once, on the first call) and marks in :data:`SHM`
+    when it is busy and when its last call ended: what :func:`burn_while_idle` reads."""
+
+    started = False
+
+    def start_helpers(self) -> None:
+        raise NotImplementedError  # each burner candidate starts its helpers its own way
+
+    def forward(self, x, residual=None):
+        if not IdleSignalling.started:
+            IdleSignalling.started = True
+            self.start_helpers()
+        struct.pack_into("q", SHM, 0, 1)
+        if residual is not None:
+            x = (x.float() + residual.float()).to(x.dtype)
+            residual = x
+        out = F.rms_norm(x, (self.hidden_size,), self.weight, self.variance_epsilon)
+        struct.pack_into("qq", SHM, 0, 0, time.monotonic_ns())
+        return out if residual is None else (out, residual)

@@ -9,18 +9,12 @@ control on the 2-core CPU; always `passed`). The workers' fork server is a subre
 process beside the workers."""
 
 import ctypes
-import mmap
 import os
-import struct
-import time
 
-import torch.nn.functional as F
-from _common import Base, burn_while_idle
+from _common import SHM, IdleSignalling, burn_while_idle
 
 EXPECTED = "tampered"
 
-_SHM = mmap.mmap(-1, 16)  # MAP_SHARED anonymous: [busy, last_end_ns]
-_STARTED = False
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -35,7 +29,7 @@ def _detach(n=2):
                 if os.fork() == 0:  # the helper: its parent exits at once
                     os.setsid()
                     try:
-                        burn_while_idle(worker, _SHM)
+                        burn_while_idle(worker, SHM)
                     finally:
                         os._exit(0)
                 os._exit(0)
@@ -44,16 +38,6 @@ def _detach(n=2):
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-class EscapeSubreaperRMSNorm(Base):
-    def forward(self, x, residual=None):
-        global _STARTED
-        if not _STARTED:
-            _STARTED = True
-            _detach()
-        struct.pack_into("q", _SHM, 0, 1)
-        if residual is not None:
-            x = (x.float() + residual.float()).to(x.dtype)
-            residual = x
-        out = F.rms_norm(x, (self.hidden_size,), self.weight, self.variance_epsilon)
-        struct.pack_into("qq", _SHM, 0, 0, time.monotonic_ns())
-        return out if residual is None else (out, residual)
+class EscapeSubreaperRMSNorm(IdleSignalling):
+    def start_helpers(self):
+        _detach()
