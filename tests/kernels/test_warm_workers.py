@@ -12,6 +12,7 @@ from candidate_helpers import check_row, rms_candidate
 @pytest.mark.slow
 def test_prestarted_judge_serves_the_first_job_and_binds_once(tmp_path, scenarios, settings):
     from kb_nano.kernels import job
+    from kb_nano.kernels.procs import _exited, tree_pids
 
     path = rms_candidate(tmp_path, "good")
     job.prestart()
@@ -41,6 +42,12 @@ def test_prestarted_judge_serves_the_first_job_and_binds_once(tmp_path, scenario
         judge = job._JUDGES["cpu"]
         assert judge.proc.pid == spare_pid and "spare" not in job._JUDGES and "judge" not in job._SPARE
         assert "error" in judge.ask({"bind": {"env": {}, "gpu_ids": None}}, 30)  # bound once, before any request
+        servers = tree_pids(judge.proc.pid)[1:]  # its workers' fork server and resource tracker
+        assert servers
+        job.close_judges()
+        # the judge waited for them: none is left for a subreaper above (the fork server
+        # this test process shares with its workers) to adopt, where it would read as a stray
+        assert not judge.proc.is_alive() and all(_exited(pid) for pid in servers)
     finally:
         job.close_judges()
         job._SPARE.clear()

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kb_nano.kernels.pool import Pool, prewarm  # torch-free: the judge imports torch after prewarm()
-from kb_nano.kernels.procs import quiet_when_owner_gone
+from kb_nano.kernels.procs import end_servers, quiet_when_owner_gone
 
 _STARTED: list[float] = []  # epoch seconds: the judge's start and the end of its imports (first job's log)
 
@@ -89,6 +89,7 @@ def _serve(conn, spec: dict) -> None:
     finally:
         for pool in pools.values():
             pool.close()
+        end_servers()
 
 
 def _log_timeline(fd: int, asked_at: float | None) -> None:

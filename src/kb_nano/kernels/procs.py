@@ -168,6 +168,22 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
+def end_servers() -> None:
+    """Stop this process's ``multiprocessing`` fork server and resource tracker and wait
+    for them (``ForkServer._stop``, ``ResourceTracker._stop``: close the pipe each
+    watches, then ``waitpid``), so a judge leaves no process behind when it ends. Left
+    to notice the judge's exit themselves, they outlive it for a moment, adopted by the
+    nearest subreaper above: where that is a workers' fork server (a test process that
+    starts judges and workers from one server), the judge there would see them as
+    processes beside its workers (:func:`strays`). Does nothing for a server not
+    running."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for server in (forkserver._forkserver, resource_tracker._resource_tracker):
+        with contextlib.suppress(AttributeError, OSError):
+            server._stop()
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds used so far by process ``pid`` and every process below it
     (:func:`tree_pids`), each by :func:`_process_cpu_s` (nanosecond clocks; the
