@@ -137,6 +137,18 @@ def test_map_tables_give_each_models_operators_and_per_rank_inputs():
     assert moe["qk_norm"][2] == "q[N, 4096], k[N, 512]"
 
 
+def test_map_says_how_many_layers_each_attention_kind_has():
+    """A model whose layers differ (Gemma-3's sliding and global layers) shows, per kind,
+    how many of its layers are of that kind; a model of one kind shows all of them."""
+    (gemma,) = map_tables(ModelExamples(REPO, ["gemma3-4b"], [1]))
+    rows = _rows(gemma)
+    sliding = rows["attention (sliding1024, sliding_window)"][1]
+    full = rows["attention (full)"][1]
+    assert sliding.endswith("(29 of 34 layers)") and full.endswith("(5 of 34 layers)")
+    (llama,) = map_tables(ModelExamples(REPO, ["llama31-8b"], [1]))
+    assert _rows(llama)["attention"][1].endswith("(32 of 32 layers)")
+
+
 def test_shape_text_names_the_token_dimension_n():
     assert shape_text({"name": "x", "shape": [64, 4096]}) == "x[N, 4096]"
     assert shape_text({"name": "positions", "shape": [1]}) == "positions[N]"

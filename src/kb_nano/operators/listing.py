@@ -220,7 +220,8 @@ def map_tables(examples: ModelExamples) -> Iterator[Table]:
     per-rank input shapes of one scenario (:func:`shape_text`; ``n/a: <reason>`` where the
     operator's rules rule that TP out, ``n/a: not covered: ...`` where the model's module
     computes a form kb-nano does not measure); one row per layer kind of the operator
-    (``attention (sliding4096, sliding_window)``, ``attention (full)``), and non-standard
+    (``attention (sliding4096, sliding_window)``, ``attention (full)``, each with how many
+    of the model's layers are of that kind in "used in"), and non-standard
     semantics named (``rms_norm (gemma)``); an operator's ``map_variants`` labelled
     (``prefill: ...; decode ctx256: ...`` for multi-head latent attention). Raises what loading a model's config raises
     (``KbNanoError`` for a missing or unreadable config)."""
@@ -255,5 +256,7 @@ def map_tables(examples: ModelExamples) -> Iterator[Table]:
                     except NotApplicable as exc:
                         cells.append(f"n/a: {exc}")
                 label = ", ".join(filter(None, (kind, op.semantics(kind_facts))))
-                table.add_row(f"{name} ({label})" if label else name, f"L{op.level}", op.used_in, *cells)
+                layers = (overrides.get("attention_kind") or {}).get("layers")
+                where = op.used_in + (f" ({layers} of {facts['num_hidden_layers']} layers)" if layers else "")
+                table.add_row(f"{name} ({label})" if label else name, f"L{op.level}", where, *cells)
         yield table
