@@ -34,6 +34,7 @@ def test_kernels_runs_the_dag_and_prints_the_table(work, tmp_path):
     assert "rms_norm__llama32-1b__tp1__n1" in out.stdout and "speedup" in out.stdout
     assert "steps" in out.stderr  # Snakemake progress was visible
     assert "Snakemake version" not in out.stderr and "Workflow ID" not in out.stderr  # not its start banner
+    assert "Traceback" not in out.stderr, out.stderr  # nor any process's, the judge's end included
     doc = json.loads(out_json.read_text())
     assert {r["candidate"] for r in doc["rows"]} == {"rms_norm/torch_fused", "rms_norm/triton_rowwise"}
     assert all(r["num_runs"] >= 3 for r in doc["rows"] if r["status"] == "passed")  # at least: small calls get more

@@ -75,3 +75,23 @@ def test_a_process_whose_main_thread_ended_alone_is_still_a_stray():
         for p in (worker, other):
             p.kill()
             p.wait()
+
+
+def test_ending_the_servers_leaves_a_shared_resource_tracker_alone():
+    """A process started by a fork server shares its starter's resource tracker (an
+    inherited pipe, no pid of its own): ``end_servers`` there ends quietly and leaves
+    the tracker to its owner."""
+    code = (
+        "import multiprocessing as mp\n"
+        "from multiprocessing import resource_tracker\n"
+        "from kb_nano.kernels.procs import end_servers\n"
+        "if __name__ == '__main__':\n"
+        "    resource_tracker.ensure_running()\n"
+        "    p = mp.get_context('forkserver').Process(target=end_servers)\n"
+        "    p.start()\n"
+        "    p.join(60)\n"
+        "    assert resource_tracker._resource_tracker._check_alive(), 'the shared tracker was stopped'\n"
+        "    raise SystemExit(p.exitcode)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]

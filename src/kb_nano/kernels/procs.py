@@ -176,12 +176,15 @@ def end_servers() -> None:
     nearest subreaper above: where that is a workers' fork server (a test process that
     starts judges and workers from one server), the judge there would see them as
     processes beside its workers (:func:`strays`). Does nothing for a server not
-    running."""
+    running, or for one this process did not start: a process started by a fork server
+    shares its starter's resource tracker (the pipe to it inherited, no pid of its own),
+    which must outlive it. Best effort: whatever fails here is left to the exit."""
     from multiprocessing import forkserver, resource_tracker
 
-    for server in (forkserver._forkserver, resource_tracker._resource_tracker):
-        with contextlib.suppress(AttributeError, OSError):
-            server._stop()
+    for server, pid in ((forkserver._forkserver, "_forkserver_pid"), (resource_tracker._resource_tracker, "_pid")):
+        if getattr(server, pid, None) is not None:
+            with contextlib.suppress(Exception):
+                server._stop()
 
 
 def tree_cpu_s(pid: int) -> float:
