@@ -52,6 +52,29 @@ def _layer_type(module: torch.nn.Module) -> str | None:
     return None
 
 
+def _sliding_window(module: torch.nn.Module) -> int | None:
+    """The sliding window the attention module's forward passes, or None (causal over
+    every earlier key). A module without a ``sliding_window`` attribute passes its
+    config's on every layer (transformers' Mistral, Mixtral, Phi-3, Starcoder2, OLMoE:
+    ``sliding_window=getattr(self.config, "sliding_window", None)``); one with it passes
+    the attribute, on a ``sliding_attention`` layer only where the config has
+    ``layer_types`` (Exaone-4 sets it on every layer and passes it on its sliding ones;
+    Qwen2, Gemma-2/3 and gpt-oss set it to None on their full ones). A window of at least
+    the config's ``max_position_embeddings`` hides no key (Phi-3.5-MoE's mask has 131072
+    = its ``max_position_embeddings``): None."""
+    config = getattr(module, "config", None)
+    if not hasattr(module, "sliding_window"):
+        window = getattr(config, "sliding_window", None)
+    elif _layer_type(module) not in (None, "sliding_attention"):
+        window = None
+    else:
+        window = module.sliding_window
+    if not isinstance(window, int) or window <= 0:
+        return None
+    limit = getattr(config, "max_position_embeddings", None)
+    return None if isinstance(limit, int) and window >= limit else int(window)
+
+
 def _chunk_size(module: torch.nn.Module) -> int | None:
     """The attention chunk of a ``chunked_attention`` layer: its config's
     ``attention_chunk_size`` (Llama-4: 8192), else None."""
@@ -65,7 +88,7 @@ def attention_layers(lm: torch.nn.Module) -> dict:
     ``{"kinds": [{"scale", "sliding_window", "attention_chunk_size", "logits_soft_cap",
     "sinks", "layers"}, ...], "reason": None}`` with one entry per distinct (softmax scale,
     sliding window, attention chunk, soft-cap, sinks) in layer order (``layers``: how many
-    layers have it; the module's ``scaling``, ``sliding_window``, the config's
+    layers have it; the module's ``scaling``, :func:`_sliding_window`, the config's
     ``attention_chunk_size`` on a ``chunked_attention`` layer, ``attn_logit_softcapping``
     and whether it has a ``sinks`` parameter; multi-head latent attention adds ``"mla"``, its dimensions
     from :func:`kb_nano.operators.mla.mla_layer`), or ``{"kinds": [], "reason": "not
@@ -97,10 +120,10 @@ def attention_layers(lm: torch.nn.Module) -> dict:
                 probed[type(module)] = sinks_reason(module)
             if probed[type(module)]:
                 return {"kinds": [], "reason": probed[type(module)]}
-        window = getattr(module, "sliding_window", None)
+        window = _sliding_window(module)
         chunk = _chunk_size(module) if _layer_type(module) == "chunked_attention" else None
         cap = getattr(module, "attn_logit_softcapping", None)
-        key = (float(module.scaling), int(window) if window else None, chunk, float(cap) if cap else None, sinks)
+        key = (float(module.scaling), window, chunk, float(cap) if cap else None, sinks)
         key += (tuple(mla.values()),) if mla else ()
         entry = kinds.setdefault(
             key,
