@@ -402,3 +402,13 @@ def test_a_config_transformers_cannot_build_is_not_covered_with_the_reason(tmp_p
         assert (
             "transformers cannot build LlamaConfig's model from this config (AssertionError: Padding_idx" in s["reason"]
         )
+
+
+def test_a_q_k_norm_over_the_whole_projection_is_not_covered():
+    """Olmo-2 normalises q and k over all heads at once (weights [heads * head_dim]): not
+    kb-nano's per-head ``qk_norm``, so not covered rather than measured per head."""
+    from transformers import Olmo2Config
+
+    fields = Olmo2Config(**TINY, pad_token_id=None).to_dict()
+    got = read(fields)["qk_norm"]
+    assert got["weight_offset"] is None and "whole q/k projection (weights [64] and [32])" in got["reason"]

@@ -219,7 +219,9 @@ def qk_norm(lm: torch.nn.Module) -> dict | None:
     """The per-head q/k norm of the causal LM ``lm`` (meta device), from the first
     decoder layer's attention module with ``q_norm`` and ``k_norm`` children (Qwen3,
     Gemma-3): ``{"class", "weight_offset", "reason"}`` as :func:`hidden_norm` gives it
-    (the form probed on ``q_norm``, whose ``weight`` is ``[head_dim]``); or with one
+    (the form probed on ``q_norm``, whose ``weight`` is ``[head_dim]``; ``not covered``
+    when ``q_norm`` or ``k_norm`` has a weight of another size: Olmo-2 normalises the
+    whole projection, ``[heads * head_dim]``); or with one
     ``qk_norm`` child applied to q and to k (Llama-4's ``Llama4TextL2Norm``, on its layers
     with rotation): ``{"class", "weight_offset": 0.0, "has_weight": False, "reason"}``
     when it is a weightless RMSNorm (:func:`weightless_norm`); None when the model has
@@ -231,6 +233,15 @@ def qk_norm(lm: torch.nn.Module) -> dict | None:
             norm = module.q_norm
             cls = type(norm).__name__
             weight = getattr(norm, "weight", None)
+            head_dim = getattr(module, "head_dim", None)
+            sizes = [getattr(getattr(n, "weight", None), "shape", None) for n in (norm, module.k_norm)]
+            if isinstance(head_dim, int) and any(s is not None and tuple(s) != (head_dim,) for s in sizes):
+                shown = " and ".join(f"[{', '.join(map(str, s))}]" for s in sizes if s is not None)
+                reason = (
+                    f"not covered: {cls} normalises the whole q/k projection (weights {shown}), not each "
+                    f"head of {head_dim} (Olmo-2's form); kb-nano's qk_norm is per head"
+                )
+                return {"class": cls, "weight_offset": None, "reason": reason}
             offset = norm_offset(norm, weight.shape[0]) if isinstance(weight, torch.Tensor) else None
             if offset is None or type(module.k_norm) is not type(norm):
                 reason = f"not covered: {cls} computes neither {' nor '.join(NORM_FORMS.values())}"
