@@ -94,15 +94,10 @@ def load_class(path: Path, target: str):
         import traceback
 
         traceback.print_exc()  # to the job log
-        hint = (
-            (
-                " (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
-                "directory, see docs/measurement.md)"
-            )
-            if isinstance(exc, PermissionError)
-            else ""
-        )
-        raise CandidateError("import_error", f"{path}: import failed: {one_line(exc)}{hint}") from None
+        hint = SANDBOX_HINT if isinstance(exc, PermissionError) else ""
+        where = _candidate_frame(exc)
+        where = f" (at {where})" if where else ""
+        raise CandidateError("import_error", f"{path}: import failed: {one_line(exc)}{where}{hint}") from None
     classes = [
         obj
         for obj in vars(module).values()
@@ -114,6 +109,13 @@ def load_class(path: Path, target: str):
             "import_error", f"{path}: must define exactly one nn.Module subclass for {target} (found: {found})"
         )
     return classes[0]
+
+
+# what a PermissionError in a candidate's code most likely met (kernels.sandbox, kernels.seccomp)
+SANDBOX_HINT = (
+    " (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
+    "directory, and may not set an action for SIGCHLD; see docs/measurement.md)"
+)
 
 
 def one_line(exc: BaseException) -> str:
@@ -128,14 +130,7 @@ def explain(exc: BaseException) -> str:
     import traceback
 
     traceback.print_exception(exc)
-    hint = (
-        (
-            " (candidates run sandboxed: they may write only under tempfile.gettempdir() and their cache "
-            "directory, see docs/measurement.md)"
-        )
-        if isinstance(exc, PermissionError)
-        else ""
-    )
+    hint = SANDBOX_HINT if isinstance(exc, PermissionError) else ""
     where = _candidate_frame(exc)
     where = f" (at {where}; traceback in the job's log)" if where else ""
     return one_line(exc)[: 300 - len(hint) - len(where)] + where + hint

@@ -277,3 +277,31 @@ def test_process_tampering_sees_changed_limits_and_raised_priority():
     finally:
         base.kill()
         cand.kill()
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [("SCHED_FIFO",), ("SCHED_FIFO", "SCHED_RESET_ON_FORK"), ("SCHED_RR", "SCHED_RESET_ON_FORK"), ("SCHED_IDLE",)],
+)
+def test_any_policy_but_time_sharing_is_an_elevated_priority(policy):
+    """A real-time policy is found with its reset-on-fork flag too (``sched_getscheduler``
+    returns it or-ed in); the time-sharing policies below the default are not raised."""
+    import os
+    import subprocess
+    import sys
+
+    from kb_nano.kernels.procs import elevated_threads
+
+    value = sum(getattr(os, name) for name in policy)
+    realtime = policy[0] in ("SCHED_FIFO", "SCHED_RR")
+    param = os.sched_param(1 if realtime else 0)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        try:
+            os.sched_setscheduler(proc.pid, value, param)
+        except PermissionError:
+            pytest.skip("setting a real-time policy needs root or RLIMIT_RTPRIO")
+        assert bool(elevated_threads(proc.pid)) == realtime
+    finally:
+        proc.kill()
+        proc.wait()

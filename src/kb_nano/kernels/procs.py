@@ -248,11 +248,16 @@ def restore_limits(pid: int) -> list[str]:
 
 
 def elevated_threads(pid: int) -> list[int]:
-    """Threads of ``pid`` and of the processes it started that run under a real-time
-    policy (``SCHED_FIFO``, ``SCHED_RR``) or with a lower niceness than this process:
-    a candidate raising its own priority is timed shielded from load the baseline is not."""
+    """Threads of ``pid`` and of the processes it started that run under any policy but
+    the time-sharing ones (``SCHED_OTHER``, ``SCHED_BATCH``, ``SCHED_IDLE``: so
+    ``SCHED_FIFO``, ``SCHED_RR``, ``SCHED_DEADLINE``), or with a lower niceness than this
+    process: a candidate raising its own priority is timed shielded from load the
+    baseline is not. The policy is read without its ``SCHED_RESET_ON_FORK`` flag
+    (``sched_getscheduler`` returns it or-ed in: ``SCHED_FIFO | SCHED_RESET_ON_FORK``
+    is still FIFO)."""
     nice = os.getpriority(os.PRIO_PROCESS, 0)
-    realtime = {getattr(os, n) for n in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, n)}
+    shared = {getattr(os, n) for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE") if hasattr(os, n)}
+    reset_on_fork = getattr(os, "SCHED_RESET_ON_FORK", 0x40000000)
     found = []
     for proc in tree_pids(pid):
         try:
@@ -261,7 +266,9 @@ def elevated_threads(pid: int) -> list[int]:
             continue
         for tid in tids:
             with contextlib.suppress(OSError):
-                if os.sched_getscheduler(tid) in realtime or os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                if (os.sched_getscheduler(tid) & ~reset_on_fork) not in shared or os.getpriority(
+                    os.PRIO_PROCESS, tid
+                ) < nice:
                     found.append(tid)
     return found
 

@@ -150,10 +150,12 @@ def _serve(conn, spec: dict) -> None:
     candidate = spec["role"] == "candidate"
     if candidate:
         from kb_nano.kernels import sandbox as landlock
+        from kb_nano.kernels.seccomp import deny_sigchld_changes
 
         # its own /proc/<pid> stays writable: the CUDA driver writes there (cudaGetDeviceCount fails with
         # error 304 otherwise; seen on the H200 host)
         sandbox = landlock.restrict([*spec["writable"], f"/proc/{os.getpid()}"], spec["hidden"])
+        sandbox += f"; {deny_sigchld_changes()}"  # exited helpers' CPU time cannot vanish (kernels.seccomp)
         _sort_sigint()  # before any other thread starts: they inherit the blocked SIGINT
     _die_with_owner(int(spec["owner_pid"]))
     become_subreaper()

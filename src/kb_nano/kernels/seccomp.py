@@ -1,0 +1,97 @@
+"""A seccomp filter for the candidate's worker: no process of it may change what its
+exited children do on ``SIGCHLD``.
+
+A parent that ignores ``SIGCHLD`` (``SIG_IGN``) or sets ``SA_NOCLDWAIT`` has its exited
+children reaped by the kernel at once: their CPU time then reaches no process's
+``cutime``/``cstime`` and no zombie keeps it, so helpers that each burn a fraction of a
+millisecond and hand over to a successor would slow the baseline while the judge's
+reading of the candidate's process tree (:func:`kb_nano.kernels.procs.tree_cpu_s`) sees
+almost nothing. ``SA_NOCLDWAIT`` cannot be read from ``/proc``, so the worker is
+filtered instead: ``rt_sigaction(SIGCHLD, act, ...)`` with a new action fails with
+``EPERM`` (reading the action, ``act`` NULL, stays allowed); so does every system call
+of another ABI (x86_64's i386 ``int 0x80`` and x32 calls), which the filter could not
+read. Compilers that reset ``SIGCHLD`` to its default (gcc's driver) ignore the error.
+
+The filter is a classic BPF program for ``seccomp(SECCOMP_SET_MODE_FILTER,
+SECCOMP_FILTER_FLAG_TSYNC)`` (every thread of the process, and every process it starts,
+inherits it; it cannot be removed): ``Documentation/userspace-api/seccomp_filter.rst``,
+``include/uapi/linux/seccomp.h``, ``include/uapi/linux/filter.h``,
+``include/uapi/linux/audit.h``; system call numbers from the kernel's
+``arch/x86/entry/syscalls/syscall_64.tbl`` and ``include/uapi/asm-generic/unistd.h``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import signal
+
+# audit arch, rt_sigaction, seccomp: per architecture
+_ARCH = {"x86_64": (0xC000003E, 13, 317), "aarch64": (0xC00000B7, 134, 277), "arm64": (0xC00000B7, 134, 277)}
+_LD_ABS, _JEQ, _JGE, _RET = (
+    0x20,
+    0x15,
+    0x35,
+    0x06,
+)  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, ...|BPF_JGE|..., BPF_RET|BPF_K
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+_X32 = 0x40000000  # __X32_SYSCALL_BIT
+_PR_SET_NO_NEW_PRIVS, _SET_MODE_FILTER, _FLAG_TSYNC = 38, 1, 1
+# struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (little-endian halves)
+_NR, _AUDIT_ARCH, _ARG0_LO, _ARG1_LO, _ARG1_HI = 0, 4, 16, 24, 28
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def program(audit_arch: int, nr_rt_sigaction: int) -> list[tuple[int, int, int, int]]:
+    """The filter as ``(code, jt, jf, k)`` instructions (jumps relative to the next one)."""
+    return [
+        (_LD_ABS, 0, 0, _AUDIT_ARCH),
+        (_JEQ, 1, 0, audit_arch),  # -> 3
+        (_RET, 0, 0, _ERRNO),  # another ABI
+        (_LD_ABS, 0, 0, _NR),
+        (_JGE, 0, 1, _X32),  # -> 5 | 6
+        (_RET, 0, 0, _ERRNO),  # an x32 call
+        (_JEQ, 0, 6, nr_rt_sigaction),  # -> 7 | 13
+        (_LD_ABS, 0, 0, _ARG0_LO),
+        (_JEQ, 0, 4, int(signal.SIGCHLD)),  # -> 9 | 13
+        (_LD_ABS, 0, 0, _ARG1_LO),
+        (_JEQ, 0, 3, 0),  # -> 11 | 14
+        (_LD_ABS, 0, 0, _ARG1_HI),
+        (_JEQ, 0, 1, 0),  # -> 13 | 14
+        (_RET, 0, 0, _ALLOW),
+        (_RET, 0, 0, _ERRNO),  # a new SIGCHLD action
+    ]
+
+
+def deny_sigchld_changes() -> str:
+    """Install the filter on this process (all its threads) and whatever it starts.
+    Returns ``"seccomp sigchld"`` for the row's ``sandbox`` column, or ``"no seccomp:
+    <reason>"`` when the architecture or kernel has none (nothing changed). Sets
+    ``no_new_privs`` (the Landlock sandbox has already). Never raises."""
+    arch = _ARCH.get(platform.machine())
+    if arch is None:
+        return f"no seccomp: unsupported architecture {platform.machine()}"
+    code = program(arch[0], arch[1])
+    filters = (_SockFilter * len(code))(*[_SockFilter(*ins) for ins in code])
+    prog = _SockFprog(len(code), filters)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
+            return f"no seccomp: prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}"
+        if libc.syscall(
+            ctypes.c_long(arch[2]), ctypes.c_uint(_SET_MODE_FILTER), ctypes.c_uint(_FLAG_TSYNC), ctypes.byref(prog)
+        ):
+            return f"no seccomp: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as exc:
+        return f"no seccomp: {exc}"
+    return "seccomp sigchld"

@@ -1,0 +1,48 @@
+"""The candidate worker's seccomp filter (:mod:`kb_nano.kernels.seccomp`): no new
+``SIGCHLD`` action (an ignored ``SIGCHLD`` would have the kernel reap exited helpers
+uncounted), in the process, its threads and what it starts; everything else as before."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from kb_nano.kernels.seccomp import program
+
+CHECK = """
+import os, signal, subprocess, sys, threading, time
+from kb_nano.kernels.seccomp import deny_sigchld_changes
+other = threading.Thread(target=time.sleep, args=(0.5,))
+other.start()  # a thread that exists before: the filter covers it too (TSYNC)
+print(deny_sigchld_changes())
+for action in (signal.SIG_IGN, signal.SIG_DFL, lambda *a: None):
+    try:
+        signal.signal(signal.SIGCHLD, action)
+        print("allowed")
+    except PermissionError:
+        print("refused")
+print(signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL)  # reading the action stays allowed
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # other signals are the candidate's business
+print(subprocess.run(["sh", "-c", "sleep 0.05; echo shell"], capture_output=True, text=True).stdout.strip())
+child = "import signal; signal.signal(signal.SIGCHLD, signal.SIG_IGN)"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True).returncode)  # inherited
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="the filter knows x86_64 and aarch64")
+def test_the_filter_refuses_new_sigchld_actions_only():
+    proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:7] == ["seccomp sigchld", "refused", "refused", "refused", "True", "shell", "1"]
+
+
+def test_the_program_jumps_stay_inside_it():
+    """Every jump of the BPF program lands on an instruction, and it ends in returns."""
+    code = program(0xC000003E, 13)
+    for i, (op, jt, jf, _) in enumerate(code):
+        if op in (0x15, 0x35):
+            assert i + 1 + max(jt, jf) < len(code)
+    assert code[-1][0] == code[-2][0] == 0x06
