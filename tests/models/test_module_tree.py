@@ -412,3 +412,25 @@ def test_a_q_k_norm_over_the_whole_projection_is_not_covered():
     fields = Olmo2Config(**TINY, pad_token_id=None).to_dict()
     got = read(fields)["qk_norm"]
     assert got["weight_offset"] is None and "whole q/k projection (weights [64] and [32])" in got["reason"]
+
+
+def test_fused_add_rms_norm_only_where_the_residual_is_added_before_the_norm():
+    """Llama's layers add the residual and then normalise (vLLM's fused_add_rms_norm);
+    Olmo-2's normalise each sublayer's output and add the residual after it (no fused add:
+    the operator does not apply); Granite scales the sublayer's output before the add
+    (``residual_multiplier``: not covered)."""
+    from transformers import GraniteConfig, LlamaConfig, Olmo2Config
+
+    from kb_nano import operators
+    from kb_nano.operators.base import NotApplicable
+
+    op = operators.get("fused_add_rms_norm")
+    llama = read(LlamaConfig(**TINY).to_dict())
+    assert llama["residual_add"] == {"form": "pre_norm", "reason": None} and op.applies_to({**TINY, **llama})
+    olmo = read(Olmo2Config(**TINY, pad_token_id=None).to_dict())
+    assert olmo["residual_add"]["form"] == "post_norm" and "no input_layernorm" in olmo["residual_add"]["reason"]
+    assert not op.applies_to({**TINY, **olmo})
+    granite = read(GraniteConfig(**TINY, residual_multiplier=0.22).to_dict())
+    assert granite["residual_add"]["form"] == "scaled" and op.applies_to({**TINY, **granite})
+    with pytest.raises(NotApplicable, match=r"residual_multiplier \(0.22\)"):
+        op.init_args({**TINY, **granite}, 1)

@@ -37,8 +37,9 @@ NORM_FORMS = {0.0: "x / rms(x) * weight (LlamaRMSNorm)", 1.0: "x / rms(x) * (1 +
 
 def read(config_fields: dict) -> dict:
     """What the model's own modules compute, from one meta-device build of it with every
-    layer: ``{"hidden_norm": ..., "layer_norm": ..., "attention_layers": ...}`` (:func:`hidden_norm`,
-    :func:`layer_norm`, :func:`attention_layers`). A config transformers cannot build gives both their
+    layer: ``{"hidden_norm", "residual_add", "layer_norm", "attention_layers", "qk_norm",
+    "mlp_blocks", "rotary"}`` (:func:`hidden_norm`, :func:`residual_add`, :func:`layer_norm`,
+    :func:`attention_layers`, ...). A config transformers cannot build gives each its
     ``not covered`` reason."""
     from kb_nano.operators.base import NotApplicable
     from kb_nano.operators.hf_modules import _meta_causal_lm, hf_config
@@ -54,15 +55,41 @@ def read(config_fields: dict) -> dict:
             "mlp_blocks": {"dense": [], "moe": {"class": None, "semantics": "", "reason": reason, "experts": None}},
             "rotary": None,
             "layer_norm": None,
+            "residual_add": {"form": None, "reason": reason},
         }
     return {
         "hidden_norm": hidden_norm(config_fields, lm),
+        "residual_add": residual_add(config_fields, lm),
         "layer_norm": layer_norm(config_fields, lm),
         "attention_layers": attention_layers(lm),
         "qk_norm": qk_norm(lm),
         "mlp_blocks": mlp_blocks(lm),
         "rotary": rotary(lm),
     }
+
+
+def residual_add(config_fields: dict, lm: torch.nn.Module) -> dict:
+    """How the first decoder layer of ``lm`` (meta device) adds its residual around its
+    hidden-size norms: ``{"form": "pre_norm", "reason": None}`` when it has an
+    ``input_layernorm`` (the residual is added, then normalised: vLLM's
+    ``fused_add_rms_norm``); ``"post_norm"`` when it has none (Olmo-2, Exaone-4: each
+    norm runs on a sublayer's output and the residual is added after it, no fused add);
+    ``"scaled"`` when the config scales the sublayer's output before the add
+    (``residual_multiplier``, Granite: ``residual + h * m``, which vLLM adds in torch
+    before a plain RMSNorm). ``reason`` says why for the last two."""
+    import re
+
+    layer = next((m for n, m in lm.named_modules() if re.search(r"(^|\.)layers\.0$", n)), None)
+    if layer is None:
+        return {"form": "pre_norm", "reason": None}
+    cls = type(layer).__name__
+    if "input_layernorm" not in dict(layer.named_children()):
+        return {"form": "post_norm", "reason": f"{cls} has no input_layernorm: its residual is added after each norm"}
+    scale = config_fields.get("residual_multiplier")
+    if isinstance(scale, int | float) and float(scale) != 1.0:
+        reason = f"not covered: {cls} adds residual + h * residual_multiplier ({scale}) before its norm"
+        return {"form": "scaled", "reason": reason}
+    return {"form": "pre_norm", "reason": None}
 
 
 def layer_norm(config_fields: dict, lm: torch.nn.Module) -> dict | None:

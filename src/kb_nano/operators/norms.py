@@ -110,6 +110,21 @@ def _uses_rms_norm(facts: dict) -> bool:
     return not (facts.get("layer_norm") and (facts.get("hidden_norm") or {}).get("class") is None)
 
 
+def _uses_fused_add(facts: dict) -> bool:
+    """:func:`_uses_rms_norm`, and the residual is added before a norm (not after it, as
+    in the post-norm layers of Olmo-2: :func:`kb_nano.models.module_tree.residual_add`)."""
+    return _uses_rms_norm(facts) and (facts.get("residual_add") or {}).get("form") != "post_norm"
+
+
+def _fused_init_args(facts: dict, tp: int) -> dict:
+    """:func:`_init_args`; raises ``NotApplicable`` (``not covered``) where the layer
+    scales the sublayer's output before the add (Granite's ``residual_multiplier``)."""
+    add = facts.get("residual_add") or {}
+    if add.get("form") == "scaled":
+        raise NotApplicable(add["reason"])
+    return _init_args(facts, tp)
+
+
 def _layer_init_args(facts: dict, tp: int) -> dict:
     ln = facts["layer_norm"]
     return {"hidden_size": facts["hidden_size"], "eps": ln["eps"], "bias": ln["bias"]}
@@ -320,12 +335,12 @@ OPERATORS = {
         level=1,
         category="norm",
         baseline=RMSNorm,
-        init_args=_init_args,
+        init_args=_fused_init_args,
         inputs=_fused_inputs,
         traffic=_fused_traffic,
         used_in="layers.*.input_layernorm (layers >= 1), layers.*.post_attention_layernorm",
         mutable_inputs=("x", "residual"),  # vLLM's fused_add_rms_norm writes both in place
-        applies_to=_uses_rms_norm,
+        applies_to=_uses_fused_add,
         edge_cases=NORM_EDGE_CASES,
         semantics=norm_semantics,
         reads_module_tree=True,
