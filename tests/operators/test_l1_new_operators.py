@@ -161,6 +161,60 @@ def test_lm_head_rules(facts_of):
     assert flops == 2 * 2 * 4096 * 151936 // 4
 
 
+def test_lm_head_bias_is_read_from_the_model_and_measured(tmp_path):
+    """Phi-3.5-MoE's lm_head has an output bias (``lm_head_bias``): its module tree says so,
+    the scenario's baseline adds a drawn bias (semantics ``bias``; transformers' module
+    gives the same logits), and a candidate that leaves the bias out is ``incorrect``."""
+    from operator_helpers import measure_cpu
+    from transformers import PhimoeConfig
+
+    from kb_nano.models.module_tree import read
+
+    small = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1)
+    small.update(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, pad_token_id=None)
+    facts = {**small, "dtype": "float32", **read(PhimoeConfig(**small, lm_head_bias=True).to_dict())}
+    op = operators.get("lm_head")
+    assert facts["lm_head_bias"] and op.semantics(facts) == "bias" and op.init_args(facts, 1)["bias"] is True
+    assert not read(PhimoeConfig(**small).to_dict())["lm_head_bias"]
+    ours = ParallelLMHead(1000, 64, bias=True)
+    assert torch.count_nonzero(ours.bias[:1000]) == 1000 and torch.count_nonzero(ours.bias[1000:]) == 0
+    hf = torch.nn.Linear(64, 1000)  # PhimoeForCausalLM.lm_head with lm_head_bias
+    with torch.no_grad():
+        hf.weight.copy_(ours.weight[:1000])
+        hf.bias.copy_(ours.bias[:1000])
+        x = randn(3, 64, seed=3)
+        torch.testing.assert_close(ours(x)[:, :1000], hf(x), rtol=1e-6, atol=1e-6)
+    no_bias = tmp_path / "no_bias.py"
+    no_bias.write_text(
+        "import torch\n"
+        "from kb_nano.operators.lm_head import ParallelLMHead\n"
+        "class NoBias(ParallelLMHead):\n"
+        "    supported_semantics = ('bias',)\n"
+        "    def forward(self, hidden_states):\n"
+        "        return torch.mm(hidden_states, self.weight.t())\n"
+    )
+    args = op.init_args(facts, 1)
+    scenario = {
+        "scenario_id": "lm_head__phi-small__tp1__n4",
+        "target": "lm_head",
+        "level": 1,
+        "category": "embedding",
+        "model": "phi-small",
+        "tp": 1,
+        "num_tokens": 4,
+        "dtype": "float32",
+        "init_args": args,
+        "inputs": op.inputs(args, facts, 1, 4, "float32"),
+        "semantics": "bias",
+    }
+    row = measure_cpu(scenario, "lm_head/no_bias", no_bias)
+    assert row["status"] == "incorrect", (row["status"], row["error"])
+    from workflow_helpers import REPO
+
+    row = measure_cpu(scenario, "lm_head/mm_transposed", REPO / "candidates/lm_head/mm_transposed.py")
+    assert row["status"] == "passed", (row["status"], row["error"])  # the shipped one adds it
+
+
 # --------------------------------------------------------------------------- sampler
 
 

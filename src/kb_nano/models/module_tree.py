@@ -38,7 +38,7 @@ NORM_FORMS = {0.0: "x / rms(x) * weight (LlamaRMSNorm)", 1.0: "x / rms(x) * (1 +
 def read(config_fields: dict) -> dict:
     """What the model's own modules compute, from one meta-device build of it with every
     layer: ``{"hidden_norm", "residual_add", "layer_norm", "attention_layers", "qk_norm",
-    "mlp_blocks", "rotary"}`` (:func:`hidden_norm`, :func:`residual_add`, :func:`layer_norm`,
+    "mlp_blocks", "rotary", "lm_head_bias"}`` (:func:`hidden_norm`, :func:`residual_add`, :func:`layer_norm`,
     :func:`attention_layers`, ...). A config transformers cannot build gives each its
     ``not covered`` reason."""
     from kb_nano.operators.base import NotApplicable
@@ -56,6 +56,7 @@ def read(config_fields: dict) -> dict:
             "rotary": None,
             "layer_norm": None,
             "residual_add": {"form": None, "reason": reason},
+            "lm_head_bias": False,
         }
     return {
         "hidden_norm": hidden_norm(config_fields, lm),
@@ -65,6 +66,8 @@ def read(config_fields: dict) -> dict:
         "qk_norm": qk_norm(lm),
         "mlp_blocks": mlp_blocks(lm),
         "rotary": rotary(lm),
+        # an output bias on the logits (Phi-3.5-MoE's lm_head_bias; vLLM ParallelLMHead(bias=True))
+        "lm_head_bias": getattr(lm.get_output_embeddings(), "bias", None) is not None,
     }
 
 

@@ -5,8 +5,9 @@ vLLM's ``ParallelLMHead`` holds rank r's contiguous shard of the padded vocabula
 ``LogitsProcessor`` computes ``hidden_states @ weight^T`` on every rank and all-gathers
 the shards. kb-nano measures one rank's GEMM (rank 0), without the gather, the slice to
 the unpadded vocabulary and Gemma-2's final soft-capping (all in ``LogitsProcessor``).
-The reference is the model's ``lm_head`` ``nn.Linear(hidden, vocab, bias=False)``
-(tied to ``embed_tokens`` in Llama-3.2-1B and Gemma-2; the GEMM is the same).
+The reference is the model's ``lm_head`` ``nn.Linear(hidden, vocab)`` (tied to
+``embed_tokens`` in Llama-3.2-1B and Gemma-2; the GEMM is the same), with its output bias
+where the model's module tree has one (Phi-3.5-MoE's ``lm_head_bias``: semantics ``bias``).
 
 Traffic: minimum DRAM bytes = the weight shard + hidden states + logits once; FLOPs =
 ``2 * N * hidden * vocab_padded / tp`` (the 2·M·N·K GEMM count).
@@ -39,7 +40,8 @@ class ParallelLMHead(nn.Module):
     Args:
         num_embeddings: vocabulary size (unpadded).
         embedding_dim: hidden size.
-        bias: an output bias (False in every vendored model).
+        bias: an output bias ``[padded_vocab / tp_size]`` (Phi-3.5-MoE; drawn from N(0, 1)
+            on real rows, so a candidate that leaves it out fails).
         params_dtype: weight dtype (torch dtype or its name; default float32).
         org_num_embeddings, quant_config, prefix: vLLM signature (LoRA vocab / quantisation
             are not supported: must be None / equal to num_embeddings).
@@ -49,7 +51,7 @@ class ParallelLMHead(nn.Module):
     before the gather): hidden_states ``[N, embedding_dim]``.
     Returns this rank's logits ``[N, padded_vocab / tp_size]`` in the weight dtype.
     State dict: ``weight`` ``[padded_vocab / tp_size, embedding_dim]`` (rows of padding ids are
-    zero, as vLLM's weight loader leaves them).
+    zero, as vLLM's weight loader leaves them), and ``bias`` when ``bias``.
     """
 
     def __init__(
@@ -78,7 +80,11 @@ class ParallelLMHead(nn.Module):
         real = max(0, min(num_embeddings - self.vocab_start_index, self.num_embeddings_per_partition))
         with torch.no_grad():
             self.weight[real:].zero_()
-        self.bias = nn.Parameter(torch.zeros(self.num_embeddings_per_partition, dtype=dtype)) if bias else None
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(self.num_embeddings_per_partition, dtype=dtype))
+            with torch.no_grad():
+                nn.init.normal_(self.bias[:real])
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden_states, self.weight, self.bias)
@@ -92,6 +98,7 @@ def _init_args(facts: dict, tp: int) -> dict:
         "params_dtype": facts["dtype"],
         "tp_size": tp,
         "tp_rank": 0,
+        **({"bias": True} if facts.get("lm_head_bias") else {}),
     }
 
 
@@ -117,5 +124,7 @@ OPERATORS = {
         traffic=_traffic,
         used_in="lm_head (LogitsProcessor: logits = hidden_states @ lm_head.weight^T, before the all-gather)",
         tolerance=dict(TOLERANCES["gemm"]),
+        semantics=lambda facts: "bias" if facts.get("lm_head_bias") else "",
+        reads_module_tree=True,
     ),
 }
