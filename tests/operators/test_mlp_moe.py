@@ -52,6 +52,33 @@ def test_mlp_equals_transformers_llama_mlp(dtype):
     torch.testing.assert_close(out, want, **tol)
 
 
+def test_mlp_with_biases_equals_transformers_and_an_ungated_mlp_is_not_covered():
+    """Llama's ``mlp_bias``: the module tree finds the biases, the scenario passes
+    ``bias=True`` (semantics ``bias``) and the baseline equals transformers' biased
+    ``LlamaMLP``; Arcee's MLP without a gate (``down(act(up(x)))``) is not covered, and no
+    ``silu_and_mul`` applies to it."""
+    from transformers import ArceeConfig
+
+    from kb_nano.models.module_tree import read
+
+    tiny = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
+    tiny.update(num_hidden_layers=1, vocab_size=128)
+    facts = {**tiny, "hidden_act": "silu", **read(LlamaConfig(**tiny, mlp_bias=True).to_dict())}
+    op = operators.get("mlp")
+    assert op.init_args(facts, 1)["bias"] is True and op.semantics(facts) == "bias"
+    ours, hf = LlamaMLP(64, 96, "silu", bias=True), HFLlamaMLP(LlamaConfig(**tiny, mlp_bias=True))
+    _load_hf_mlp(hf, ours, 96)
+    with torch.no_grad():
+        ours.gate_up_proj.bias.copy_(torch.cat([hf.gate_proj.bias, hf.up_proj.bias]))
+        ours.down_proj.bias.copy_(hf.down_proj.bias)
+        x = randn(3, 64, seed=4)
+        torch.testing.assert_close(ours(x), hf(x), rtol=1e-5, atol=1e-6)
+    arcee = {**tiny, "hidden_act": "silu", **read(ArceeConfig(**tiny, hidden_act="silu").to_dict())}
+    with pytest.raises(NotApplicable, match="ArceeMLP is not gated"):
+        op.init_args(arcee, 1)
+    assert not operators.get("silu_and_mul").applies_to(arcee)
+
+
 def test_mlp_gelu_equals_transformers_gemma2_mlp():
     cfg = Gemma2Config(hidden_size=64, intermediate_size=96, hidden_activation="gelu_pytorch_tanh")
     ours, hf = LlamaMLP(64, 96, "gelu_pytorch_tanh"), Gemma2MLP(cfg)

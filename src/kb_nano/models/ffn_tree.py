@@ -96,11 +96,13 @@ def moe_router(block: torch.nn.Module) -> torch.nn.Module | None:
 def mlp_blocks(lm: torch.nn.Module) -> dict:
     """The feed-forward blocks of the causal LM ``lm`` (meta device), from each decoder
     layer's ``mlp`` (or ``feed_forward``, :data:`FFN_NAMES`): ``{"dense": [{"where",
-    "class", "intermediate_size", "act", "act_class", "layers"}, ...], "moe": {"class",
-    "semantics", "reason", "experts"} | None}``. A dense entry per
-    distinct gated MLP (``where``: ``mlp`` for a layer's own MLP, ``shared_experts`` for an
+    "class", "intermediate_size", "act", "act_class", "gated", "bias", "layers"}, ...],
+    "moe": {"class", "semantics", "reason", "experts"} | None}``. A dense entry per
+    distinct MLP (``where``: ``mlp`` for a layer's own MLP, ``shared_experts`` for an
     MoE block's always-on experts; ``intermediate_size`` from its ``up_proj`` or fused
-    ``gate_up_proj``; ``act`` from :func:`activation_name`); ``moe`` is the first MoE
+    ``gate_up_proj``; ``act`` from :func:`activation_name`; ``gated``: it has a
+    ``gate_proj`` or ``gate_up_proj``, else it computes ``down(act(up(x)))``, as Arcee's
+    and Nemotron's; ``bias``: its projections have biases, Llama's ``mlp_bias``); ``moe`` is the first MoE
     block (an ``mlp`` with ``experts``: :func:`moe_block`); None for a dense model. A model with neither
     gets an MoE entry without class whose reason says none was found."""
     dense: dict[tuple, dict] = {}
@@ -115,7 +117,10 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
         else:
             width = None
         act = children.get("act_fn", children.get("activation_fn"))
-        key = (where, type(module).__name__, width, type(act).__name__ if act is not None else None)
+        gated = "gate_proj" in children or "gate_up_proj" in children
+        projections = [children[n] for n in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if n in children]
+        bias = any(getattr(p, "bias", None) is not None for p in projections)
+        key = (where, type(module).__name__, width, type(act).__name__ if act is not None else None, gated, bias)
         entry = dense.setdefault(
             key,
             {
@@ -124,6 +129,8 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
                 "intermediate_size": width,
                 "act": activation_name(act) if act is not None else None,
                 "act_class": key[3],
+                "gated": gated,
+                "bias": bias,
                 "layers": 0,
             },
         )

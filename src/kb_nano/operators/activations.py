@@ -90,8 +90,8 @@ def _uses(act: str, hidden_acts: tuple[str, ...]):
 
     def applies(facts: dict) -> bool:
         dense = dense_mlp(facts)
-        if dense is not None:
-            return dense["act"] == act
+        if dense is not None:  # an MLP without a gate (down(act(up(x)))) has no *_and_mul
+            return dense["act"] == act and dense.get("gated", True)
         experts = _experts(facts)
         if experts:  # an unknown experts' activation (None) is ``not covered``, said by _rows_width
             return experts.get("act", "silu") in (act, None)

@@ -50,7 +50,9 @@ class LlamaMLP(nn.Module):
         hidden_act: ``silu`` (``SiluAndMul``) or ``gelu_pytorch_tanh`` (``GeluAndMul("tanh")``,
             as vLLM ``GemmaMLP``).
         quant_config, prefix: vLLM signature; must be None / are ignored.
-        bias: linear biases (False in every vendored model).
+        bias: linear biases (Llama's ``mlp_bias``; none in the vendored models): this rank's
+            ``gate_up_proj`` bias shard, and the whole ``down_proj`` bias, which vLLM's
+            ``RowParallelLinear`` adds on rank 0 only (the rank this module stands for).
         reduce_results: vLLM's all-reduce flag; the per-rank module never reduces.
         tp_size: TP degree (kb-nano addition: vLLM reads it from its distributed state).
     Forward: x ``[num_tokens, hidden_size]``. Returns ``[num_tokens, hidden_size]`` (this
@@ -99,6 +101,8 @@ def _init_args(facts: dict, tp: int) -> dict:
     dense = dense_mlp(facts)
     width, act = facts["intermediate_size"], facts["hidden_act"]
     if dense is not None:  # the model's own MLP module: its width and activation
+        if not dense.get("gated", True):
+            raise NotApplicable(f"not covered: {dense['class']} is not gated (down(act(up(x))), no gate_proj)")
         if dense["act"] not in TREE_ACTS or dense["intermediate_size"] is None:
             raise NotApplicable(f"not covered: {dense['class']} (activation {dense['act_class']})")
         width, act = dense["intermediate_size"], TREE_ACTS[dense["act"]]
@@ -110,6 +114,7 @@ def _init_args(facts: dict, tp: int) -> dict:
         "intermediate_size": width,
         "hidden_act": act,
         "tp_size": tp,
+        **({"bias": True} if dense is not None and dense.get("bias") else {}),
     }
 
 
@@ -145,5 +150,6 @@ OPERATORS = {
         applies_to=_uses_mlp,
         reads_module_tree=True,
         tolerance=dict(TOLERANCES["fused"]),
+        semantics=lambda facts: "bias" if (dense_mlp(facts) or {}).get("bias") else "",
     ),
 }
