@@ -57,6 +57,7 @@ MANIFEST_MODULES = (
     "models/module_tree.py",
     "models/attention_tree.py",
     "models/ffn_tree.py",
+    "models/norm_tree.py",
     "kernels/manifest.py",
     "operators/__init__.py",
     "operators/base.py",

@@ -38,7 +38,8 @@ def test_llama4_scout_has_chunked_and_full_layers_and_a_weightless_qk_norm(scout
         },
         {"scale": scale, "sliding_window": None, "logits_soft_cap": None, "sinks": False, "layers": 12},
     ]
-    assert got["qk_norm"] == {"class": "Llama4TextL2Norm", "weight_offset": 0.0, "has_weight": False, "reason": None}
+    want = {"class": "Llama4TextL2Norm", "weight_offset": 0.0, "has_weight": False, "reason": None, "eps": 1e-5}
+    assert got["qk_norm"] == want
 
 
 def test_llama4_without_qk_norm_has_the_same_kinds_and_no_qk_norm(scout_fields):

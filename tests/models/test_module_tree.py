@@ -11,7 +11,8 @@ import torch
 from kb_nano.kernels.manifest import generate
 from kb_nano.kernels.measure import measure_once
 from kb_nano.models.configs import config_fields, resolve
-from kb_nano.models.module_tree import hidden_norm, read
+from kb_nano.models.module_tree import read
+from kb_nano.models.norm_tree import hidden_norm
 from kb_nano.operators.norms import RMSNorm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,15 +25,16 @@ TINY.update(num_hidden_layers=2, vocab_size=128, max_position_embeddings=256, rm
     [("llama31-8b", "LlamaRMSNorm", 0.0), ("gemma2-2b", "Gemma2RMSNorm", 1.0), ("qwen3-8b", "Qwen3RMSNorm", 0.0)],
 )
 def test_the_norm_form_comes_from_the_models_own_module(key, cls, offset):
-    got = read(config_fields(resolve(key, REPO), REPO))["hidden_norm"]
-    assert got == {"class": cls, "weight_offset": offset, "reason": None}
+    fields = config_fields(resolve(key, REPO), REPO)
+    got = read(fields)["hidden_norm"]
+    assert got == {"class": cls, "weight_offset": offset, "reason": None, "eps": fields["rms_norm_eps"]}
 
 
 def test_gemma3_and_an_unseen_layernorm_model_are_read_not_assumed():
     # Gemma-3 (not vendored): the (1 + w) form is found in Gemma3RMSNorm itself; Phi-MoE
     # normalises with LayerNorm: no RMSNorm form stands in for it
     gemma3 = hidden_norm({"model_type": "gemma3_text", "head_dim": 16, **TINY})
-    assert gemma3 == {"class": "Gemma3RMSNorm", "weight_offset": 1.0, "reason": None}
+    assert gemma3 == {"class": "Gemma3RMSNorm", "weight_offset": 1.0, "reason": None, "eps": 1e-6}
     phimoe = hidden_norm({"model_type": "phimoe", "num_local_experts": 2, "num_experts_per_tok": 1, **TINY})
     assert phimoe["weight_offset"] is None and phimoe["reason"].startswith("not covered: the model has no RMSNorm")
     assert "LayerNorm" in phimoe["reason"]
@@ -434,3 +436,30 @@ def test_fused_add_rms_norm_only_where_the_residual_is_added_before_the_norm():
     assert granite["residual_add"]["form"] == "scaled" and op.applies_to({**TINY, **granite})
     with pytest.raises(NotApplicable, match=r"residual_multiplier \(0.22\)"):
         op.init_args({**TINY, **granite}, 1)
+
+
+def test_a_layernorm_subclass_with_its_own_forward_is_not_covered():
+    """Nemotron's ``LayerNorm1P`` (an ``nn.LayerNorm`` subclass scaling by ``weight + 1``)
+    is probed, not taken for ``F.layer_norm``."""
+    from transformers import NemotronConfig
+
+    got = read(NemotronConfig(**TINY, norm_eps=1e-5, pad_token_id=None).to_dict())["layer_norm"]
+    assert got["class"] == "NemotronLayerNorm1P" and "computes something else" in got["reason"]
+
+
+def test_a_config_with_read_only_fields_or_no_layers_list_is_not_covered_not_a_crash():
+    """Falcon's ``head_dim`` is a read-only property and its decoder layers are
+    ``transformer.h``: one rank's config at tp 2 and the decoder layer say ``not covered``."""
+    from transformers import FalconConfig
+
+    from kb_nano import operators
+    from kb_nano.operators.base import NotApplicable
+    from kb_nano.operators.hf_modules import hf_config
+
+    fields = FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=128).to_dict()
+    assert hf_config(dict(fields), tp_size=1).head_dim == 16
+    with pytest.raises(NotApplicable, match="head_dim is read-only"):
+        hf_config(dict(fields), tp_size=2)
+    facts = {"hf_config": fields, "model_type": "falcon", "num_attention_heads": 4, "num_key_value_heads": 4}
+    with pytest.raises(NotApplicable, match="no `layers` list"):
+        operators.get("decoder_layer").init_args({**facts, "hidden_size": 64, "dtype": "float32"}, 1)

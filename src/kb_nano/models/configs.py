@@ -277,8 +277,10 @@ def model_facts(config, ref: ModelRef) -> dict:
     (``rope_parameters`` of transformers 5: rope_type, rope_theta and scaling fields),
     partial_rotary_factor, tie_word_embeddings. ``head_dim`` falls back to
     hidden_size / num_attention_heads as in the transformers Llama code.
-    Raises ``KbNanoError`` naming a required field the config lacks (its values were
-    checked by :func:`load_config`).
+    ``intermediate_size`` and ``rms_norm_eps`` are None where the config has none (GPT-NeoX,
+    Falcon: the operators that need them then say ``not covered``; the norms read their
+    eps from the model's own norm modules first). Raises ``KbNanoError`` naming a required
+    field the config lacks (its values were checked by :func:`load_config`).
     """
 
     def need(field):
@@ -303,12 +305,12 @@ def model_facts(config, ref: ModelRef) -> dict:
         "model_type": config.model_type,
         "dtype": dtype,
         "hidden_size": hidden,
-        "intermediate_size": int(need("intermediate_size")),
+        "intermediate_size": _optional(config, "intermediate_size", int),
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv_heads),
         "head_dim": int(head_dim),
         "vocab_size": int(need("vocab_size")),
-        "rms_norm_eps": float(need("rms_norm_eps")),
+        "rms_norm_eps": _optional(config, "rms_norm_eps", float),
         "hidden_act": str(getattr(config, "hidden_act", "silu")),
         "max_position_embeddings": int(need("max_position_embeddings")),
         "num_hidden_layers": int(need("num_hidden_layers")),
@@ -319,6 +321,12 @@ def model_facts(config, ref: ModelRef) -> dict:
         ),
         "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
     }
+
+
+def _optional(config, field: str, kind):
+    """``kind(config.field)``, or None where the config has no such field (or it is null)."""
+    value = getattr(config, field, None)
+    return None if value is None else kind(value)
 
 
 def _plain(value):

@@ -15,6 +15,7 @@ from kb_nano.operators.base import (
     config_field,
     dense_mlp,
     element_size,
+    intermediate_size,
     moe_not_covered,
     normal,
     shard,
@@ -70,7 +71,7 @@ def _rows_width(facts: dict, num_tokens: int = 1) -> tuple[int, int]:
     if dense is None and (facts.get("mlp_blocks") or {}).get("moe"):
         top_k = int(config_field(facts, "num_experts_per_tok", default=1))
         return num_tokens * top_k, moe_intermediate_size(facts)
-    return num_tokens, int(facts["intermediate_size"])
+    return num_tokens, intermediate_size(facts)
 
 
 def _init_args(facts: dict, tp: int) -> dict:
@@ -136,7 +137,7 @@ class GeluAndMul(nn.Module):
 
 
 def _gelu_init_args(facts: dict, tp: int) -> dict:
-    shard(facts["intermediate_size"], tp, "intermediate_size")
+    shard(intermediate_size(facts), tp, "intermediate_size")
     return {"approximate": "tanh"}
 
 

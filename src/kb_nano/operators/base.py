@@ -333,6 +333,14 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     return 1
 
 
+def intermediate_size(facts: dict) -> int:
+    """The config's ``intermediate_size``; raises ``NotApplicable`` (``not covered``)
+    where it has none (GPT-NeoX, Falcon name the MLP width otherwise)."""
+    if facts.get("intermediate_size") is None:
+        raise NotApplicable("not covered: the config has no intermediate_size (and the module tree gave no width)")
+    return int(facts["intermediate_size"])
+
+
 def config_field(facts: dict, *names: str, default=None):
     """The first of ``names`` present (and not null) in ``facts`` or in the model's raw
     config.json fields ``facts['hf_config']`` (which the manifest passes; ``kernels --map``

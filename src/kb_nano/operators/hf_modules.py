@@ -24,7 +24,7 @@ def config_from_facts(facts: dict) -> dict:
     tests): fields kb-nano does not track take the defaults of the architecture's config
     class. The manifest always passes the real config.json fields (``facts['hf_config']``).
     """
-    return {
+    fields = {
         "architectures": [facts["architecture"]],
         "model_type": facts["model_type"],
         "hidden_size": facts["hidden_size"],
@@ -41,6 +41,7 @@ def config_from_facts(facts: dict) -> dict:
         "tie_word_embeddings": facts["tie_word_embeddings"],
         "torch_dtype": facts["dtype"],
     }
+    return {k: v for k, v in fields.items() if v is not None}  # absent: the config class's default
 
 
 def model_config(facts: dict) -> dict:
@@ -94,13 +95,29 @@ def shard_config(cfg, tp_size: int) -> None:
     """
     heads = int(cfg.num_attention_heads)
     kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    cfg.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    cfg.num_attention_heads = shard(heads, tp_size, "num_attention_heads")
-    cfg.num_key_value_heads = kv_heads_per_rank(kv, tp_size)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    _set(cfg, "head_dim", head_dim)
+    _set(cfg, "num_attention_heads", shard(heads, tp_size, "num_attention_heads"))
+    _set(cfg, "num_key_value_heads", kv_heads_per_rank(kv, tp_size))
     for name in SHARDED_WIDTHS:
         value = getattr(cfg, name, None)
         if value:
-            setattr(cfg, name, shard(int(value), tp_size, name))
+            _set(cfg, name, shard(int(value), tp_size, name))
+    _set(cfg, "head_dim", head_dim)  # a property computed from the heads must not have moved
+
+
+def _set(cfg, name: str, value) -> None:
+    """``cfg.name = value``; a read-only property (Falcon's ``head_dim``, computed from
+    ``hidden_size`` and the heads) that already has the value is left alone, one that
+    has another raises ``NotApplicable``: one rank's config cannot be written."""
+    try:
+        setattr(cfg, name, value)
+    except AttributeError:
+        if getattr(cfg, name, None) != value:
+            raise NotApplicable(
+                f"not covered: {type(cfg).__name__}.{name} is read-only (computed from other fields), "
+                "so one TP rank's config cannot be written"
+            ) from None
 
 
 def _meta_causal_lm(cfg):

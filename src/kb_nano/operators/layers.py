@@ -262,7 +262,12 @@ def _count_params(cfg) -> dict:
     ``total``."""
     lm = _meta_causal_lm(cfg)
     # the decoder's layers (get_decoder() is the whole model for some classes: Llama-4)
-    layer = next(m for n, m in lm.named_modules() if n.endswith("layers") and isinstance(m, torch.nn.ModuleList))[0]
+    layers = next(
+        (m for n, m in lm.named_modules() if n.endswith("layers") and isinstance(m, torch.nn.ModuleList)), None
+    )
+    if not layers:  # (Falcon's are transformer.h)
+        raise NotApplicable(f"not covered: {type(lm).__name__} has no `layers` list of decoder layers")
+    layer = layers[0]
     layer_params = sum(p.numel() for p in layer.parameters())
     expert_params = sum(p.numel() for n, p in layer.named_parameters() if ".experts." in f".{n}")
     embedding = lm.get_input_embeddings().weight.numel()

@@ -34,6 +34,7 @@ from kb_nano.operators.base import (
     Operator,
     dense_mlp,
     element_size,
+    intermediate_size,
     normal,
     shard,
 )
@@ -99,8 +100,10 @@ TREE_ACTS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
 
 def _init_args(facts: dict, tp: int) -> dict:
     dense = dense_mlp(facts)
-    width, act = facts["intermediate_size"], facts["hidden_act"]
-    if dense is not None:  # the model's own MLP module: its width and activation
+    act = facts["hidden_act"]
+    if dense is None:
+        width = intermediate_size(facts)
+    else:  # the model's own MLP module: its width and activation
         if not dense.get("gated", True):
             raise NotApplicable(f"not covered: {dense['class']} is not gated (down(act(up(x))), no gate_proj)")
         if dense["act"] not in TREE_ACTS or dense["intermediate_size"] is None:

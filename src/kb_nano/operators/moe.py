@@ -115,6 +115,7 @@ from kb_nano.operators.base import (
     Operator,
     config_field,
     element_size,
+    intermediate_size,
     moe_not_covered,
     normal,
     shard,
@@ -327,7 +328,8 @@ def _row(bias: torch.Tensor | None, e: int) -> torch.Tensor | None:
 def moe_intermediate_size(facts: dict) -> int:
     """One expert's intermediate size: ``moe_intermediate_size`` (Qwen-MoE) or
     ``intermediate_size`` (Mixtral)."""
-    return int(config_field(facts, "moe_intermediate_size", default=facts["intermediate_size"]))
+    width = config_field(facts, "moe_intermediate_size")
+    return int(width) if width is not None else intermediate_size(facts)
 
 
 def _init_args(facts: dict, tp: int) -> dict:

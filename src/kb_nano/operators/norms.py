@@ -12,7 +12,7 @@ normalised and also returned as the new residual (in the input dtype).
 Gemma's norms (transformers ``GemmaRMSNorm``/``Gemma2RMSNorm``/``Gemma3RMSNorm``, vLLM
 ``GemmaRMSNorm``) scale by ``1 + weight`` instead, in float32 before the cast back
 (``(x * (1 + w)).to(dtype)`` where Llama does ``x.to(dtype) * w``). Which form a model
-uses is read from its own norm module (:func:`kb_nano.models.module_tree.hidden_norm`),
+uses is read from its own norm module (:func:`kb_nano.models.norm_tree.hidden_norm`),
 not from its name: those scenarios have the ``gemma`` semantics (id suffix ``__gemma``),
 which a candidate declares in ``supported_semantics``.
 """
@@ -112,7 +112,7 @@ def _uses_rms_norm(facts: dict) -> bool:
 
 def _uses_fused_add(facts: dict) -> bool:
     """:func:`_uses_rms_norm`, and the residual is added before a norm (not after it, as
-    in the post-norm layers of Olmo-2: :func:`kb_nano.models.module_tree.residual_add`)."""
+    in the post-norm layers of Olmo-2: :func:`kb_nano.models.norm_tree.residual_add`)."""
     return _uses_rms_norm(facts) and (facts.get("residual_add") or {}).get("form") != "post_norm"
 
 
@@ -127,6 +127,8 @@ def _fused_init_args(facts: dict, tp: int) -> dict:
 
 def _layer_init_args(facts: dict, tp: int) -> dict:
     ln = facts["layer_norm"]
+    if ln.get("reason"):
+        raise NotApplicable(ln["reason"])
     return {"hidden_size": facts["hidden_size"], "eps": ln["eps"], "bias": ln["bias"]}
 
 
@@ -162,6 +164,16 @@ def norm_weight_offset(facts: dict, which: str = "hidden_norm") -> float:
     return float(norm["weight_offset"])
 
 
+def norm_eps(facts: dict, which: str = "hidden_norm") -> float:
+    """The epsilon of the model's RMSNorm ``which``: its module's (module tree), else the
+    config's ``rms_norm_eps``. Raises ``NotApplicable`` (``not covered``) with neither."""
+    eps = (facts.get(which) or {}).get("eps")
+    eps = facts.get("rms_norm_eps") if eps is None else eps
+    if eps is None:
+        raise NotApplicable("not covered: no epsilon on the model's norm module and no rms_norm_eps in its config")
+    return float(eps)
+
+
 def norm_semantics(facts: dict, which: str = "hidden_norm") -> str:
     """``gemma`` for a model whose norm ``which`` scales by ``1 + weight``, ``no_weight``
     for one without a weight (Llama-4's q/k norm), else ``""``."""
@@ -176,7 +188,7 @@ def _init_args(facts: dict, tp: int) -> dict:
     offset = norm_weight_offset(facts)
     return {
         "hidden_size": facts["hidden_size"],
-        "eps": facts["rms_norm_eps"],
+        "eps": norm_eps(facts),
         **({"weight_offset": offset} if offset else {}),
     }
 
@@ -263,7 +275,7 @@ def _qk_init_args(facts: dict, tp: int) -> dict:
         "num_heads": shard(facts["num_attention_heads"], tp, "num_attention_heads"),
         "num_kv_heads": kv_heads_per_rank(facts["num_key_value_heads"], tp),
         "head_dim": facts["head_dim"],
-        "eps": facts["rms_norm_eps"],
+        "eps": norm_eps(facts, "qk_norm"),
         **({"weight_offset": offset} if offset else {}),
         **({"has_weight": False} if weightless else {}),
     }
