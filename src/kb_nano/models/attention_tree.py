@@ -135,7 +135,9 @@ def attention_layers(lm: torch.nn.Module) -> dict:
         )
         entry["layers"] += 1
     if not kinds:
-        return {"kinds": [], "reason": "not covered: no decoder layer has a self_attn module"}
+        layer = next((m for n, m in lm.named_modules() if n.endswith("layers.0") or n.endswith(".h.0")), None)
+        has = f" ({type(layer).__name__} has {', '.join(dict(layer.named_children()))})" if layer is not None else ""
+        return {"kinds": [], "reason": f"not covered: no decoder layer has a self_attn module{has}"}
     return {"kinds": list(kinds.values()), "reason": None}
 
 
