@@ -109,8 +109,7 @@ SEMANTICS = {
     "logits within 2 * jitter_eps relative of that pick; not renormalised; vLLM phimoe_routing_function)",
     "interleaved": "rotary_embedding rotates interleaved pairs (x[2i], x[2i+1]) of each head, not its halves "
     "(vLLM is_neox_style=False; Llama-4)",
-    "bias": "the op's linear layers add biases (lm_head: Phi-3.5-MoE's lm_head_bias, vLLM ParallelLMHead "
-    "bias=True; mlp: Llama's mlp_bias)",
+    "bias": "linear layers add biases (Phi-3.5-MoE's lm_head_bias: vLLM ParallelLMHead bias=True; Llama's mlp_bias)",
     "mla": "attention is multi-head latent attention: prefill on decompressed q/k/v, decode absorbed over the "
     "576-wide latent cache (DeepSeek-V3; vLLM MLA)",
 }
