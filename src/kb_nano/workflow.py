@@ -90,7 +90,10 @@ def check_config(config: dict) -> None:
     categories = {e.category for e in operators.CATALOG.values()}
     for cat in config["categories"]:
         if cat not in categories:
-            raise ConfigError("categories", f"unknown category {cat!r}; known: {', '.join(sorted(categories))}")
+            raise ConfigError(
+                "categories",
+                f"unknown category {cat!r}{did_you_mean(cat, categories)}; known: {', '.join(sorted(categories))}",
+            )
 
 
 def candidates(root: Path, config: dict) -> list[CandidateRef]:

@@ -15,6 +15,8 @@ from workflow_helpers import kb_nano
         (["--target", "rms_nrom"], "unknown target 'rms_nrom'"),
         (["--model", "llama99"], "unknown model 'llama99'"),
         (["--category", "nope"], "unknown category 'nope'"),
+        (["--category", "norms"], "unknown category 'norms' (did you mean 'norm'?)"),
+        (["--model", "./no/such/config.json"], "no such file"),
         (["--candidate", "rms_norm/nope"], "'rms_norm/nope' matches no file"),
         (["--candidate", "rms_norm/torch_fussed"], "(did you mean 'rms_norm/torch_fused'?)"),
         (["--model", "lama31"], "(did you mean 'llama31-8b'?)"),  # a typo of a key's head

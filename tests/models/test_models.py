@@ -321,6 +321,14 @@ def test_facts_config_without_rms_norm_eps_or_intermediate_size(tmp_path):
         operators.get("gelu_and_mul").init_args(got, 1)
 
 
+def test_a_config_path_that_does_not_exist_says_so(tmp_path):
+    """A ``--model`` meant as a path (it ends in ``.json`` or starts like a path) that is
+    not there says "no such file", not "unknown model"."""
+    for spec in (str(tmp_path / "nope/config.json"), "./nope", "nope.json"):
+        with pytest.raises(KbNanoError, match="no such file"):
+            resolve(spec, REPO)
+
+
 def test_a_mistyped_target_or_model_gets_a_suggestion():
     """Unknown names say which known one is closest (``difflib``), and nothing when none is."""
     from kb_nano import operators

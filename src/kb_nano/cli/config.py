@@ -9,7 +9,7 @@ from kb_nano import operators
 from kb_nano.checks import check_effective
 from kb_nano.cli import flags
 from kb_nano.config import DEFAULT_CONFIG, error_text, first_error
-from kb_nano.errors import ConfigError, KbNanoError
+from kb_nano.errors import ConfigError, KbNanoError, did_you_mean
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -63,7 +63,9 @@ def config_overrides(args, root: Path, base: dict) -> dict:
     categories = sorted({e.category for e in operators.CATALOG.values()})
     for cat in cfg.get("categories", []):
         if cat not in categories:
-            raise KbNanoError(f"--category: unknown category {cat!r}; known: {', '.join(categories)}")
+            raise KbNanoError(
+                f"--category: unknown category {cat!r}{did_you_mean(cat, categories)}; known: {', '.join(categories)}"
+            )
     return cfg
 
 

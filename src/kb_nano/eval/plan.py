@@ -165,7 +165,9 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
     known = {e.category for e in operators.CATALOG.values()}
     for cat in cats:
         if cat not in known:
-            raise KbNanoError(f"eval.categories: unknown category {cat!r}; known: {', '.join(sorted(known))}")
+            raise KbNanoError(
+                f"eval.categories: unknown category {cat!r}{did_you_mean(cat, known)}; known: {', '.join(sorted(known))}"
+            )
     if cats:
         cands = [c for c in cands if operators.CATALOG[c.target].category in cats]
     if not cands and not ev["candidates"]:

@@ -94,6 +94,8 @@ def resolve(spec: str, root: Path) -> ModelRef:
     vendored = root / MODELS_DIR / spec / "config.json"
     if vendored.is_file():
         return ModelRef(slug(spec.split("/")[-1]), spec, vendored.relative_to(root))
+    if spec.endswith(".json") or spec.startswith(("/", "./", "../", "~")):  # meant as a path
+        raise KbNanoError(f"model {spec!r}: no such file; give a config.json or a directory holding one")
     raise KbNanoError(
         f"unknown model {spec!r}{did_you_mean(spec, [*index, *by_hub])}: use a key from {INDEX_FILE} ({', '.join(sorted(index))}), "
         f"a Hub id vendored under {MODELS_DIR}/, or a path to a config.json or its directory"

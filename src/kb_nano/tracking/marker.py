@@ -30,8 +30,8 @@ def print_mlflow_record(root: Path, marker: str, marker_before: dict | None) -> 
     the rule did not run ("nothing changed since run"). A result set logged as no run
     because an earlier run holds all its rows (the record's ``recorded_in``) names it.
     After a new run, a line gives the ``history --compare`` of the previous run and it,
-    when the two share a row (both records' ``row_keys``; a record without them, e.g.
-    Tier 2's, is taken to share)."""
+    when the two share a row (both records' ``row_keys``: only Tier 1 records them, and
+    ``history --compare`` compares Tier 1 runs only)."""
     rec = read_marker(root, marker)
     if rec is None:
         return
@@ -51,9 +51,9 @@ def print_mlflow_record(root: Path, marker: str, marker_before: dict | None) -> 
     print(f"MLflow: {how} {run} in {rec['experiment']} ({rec['tracking_uri']}); see `kb_nano history`")
     before = (marker_before or {}).get("run_id")
     shared = (
-        "row_keys" not in rec
-        or "row_keys" not in (marker_before or {})
-        or not set(rec["row_keys"]).isdisjoint(marker_before["row_keys"])
+        "row_keys" in rec
+        and "row_keys" in (marker_before or {})
+        and not set(rec["row_keys"]).isdisjoint(marker_before["row_keys"])
     )
     if (
         rec["created"]
