@@ -247,6 +247,31 @@ def test_sampler_equals_transformers_warpers(seed, facts_of):
     assert bool((logits.gather(1, ids[:, None])[:, 0] >= kth).all())
 
 
+def test_sampler_with_tied_logits_does_not_depend_on_the_sort_order():
+    """Logits rounded to bf16 (as the golden ones are) tie often, also at the top-k and
+    top-p cuts: the baseline keeps every token equal to a kept one, so permuting the
+    vocabulary permutes its samples and nothing else, and the shipped top-k-first
+    candidate gives the same tokens."""
+    import importlib.util
+
+    from workflow_helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("topk_first", REPO / "candidates/sampler/topk_first.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base, cand = TopKTopPSampler(), module.TopKFirstSampler()
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(32, 4096, generator=g) * 0.4 + 4).to(torch.bfloat16).float()  # few distinct values
+    for _ in range(5):
+        q = torch.empty_like(logits).exponential_(generator=g)
+        k = torch.randint(1, 65, (32,), generator=g, dtype=torch.int32)
+        p = torch.rand(32, generator=g) * 0.5 + 0.5
+        perm = torch.randperm(4096, generator=g)
+        want = base(logits, q, k, p)
+        assert torch.equal(perm[base(logits[:, perm], q[:, perm], k, p)], want)
+        assert torch.equal(cand(logits, q, k, p), want)
+
+
 def test_sampler_top_k_one_is_greedy_and_q_changes_samples():
     logits = randn(4, 500, seed=3, std=3)
     q = torch.empty(4, 500).exponential_(generator=torch.Generator().manual_seed(0))

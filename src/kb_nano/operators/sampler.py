@@ -3,7 +3,11 @@
 vLLM ``apply_top_k_top_p``: sort the logits ascending; top-k keeps the values >= the k-th
 largest; top-p keeps the smallest set of largest tokens whose probability reaches p
 (``cumsum(softmax(sorted)) <= 1 - p`` is masked, the largest token always stays); masked
-logits become ``-inf`` and are scattered back. Then ``probs = softmax(logits, fp32)`` and
+logits become ``-inf`` and are scattered back. One departure: where tokens with equal
+logits straddle the top-p cut, vLLM's (and transformers') result depends on the order
+the sort gave the equal values; the baseline keeps every token whose logit equals one
+kept (as threshold-based samplers do), a result no sort order changes. Random float32
+logits have no such ties; the golden logits (bf16 values) have many. Then ``probs = softmax(logits, fp32)`` and
 ``random_sample``: ``probs.div_(q).argmax(-1)`` with ``q ~ Exp(1)`` (the exponential race,
 equal in law to sampling from probs). vLLM draws q inside; here q is an input so that the
 output is deterministic and candidates are compared exactly (int64 token ids).
@@ -55,7 +59,9 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
         probs_sum = torch.cumsum(probs_sort, dim=-1, out=probs_sort)
         top_p_mask = probs_sum <= 1 - p.unsqueeze(dim=1)
         top_p_mask[:, -1] = False
-        logits_sort.masked_fill_(top_p_mask, -float("inf"))
+        # the smallest kept logit (the same for any order of equal values): keep all its equals
+        cut = logits_sort.masked_fill(top_p_mask, float("inf")).amin(dim=1, keepdim=True)
+        logits_sort.masked_fill_(logits_sort < cut, -float("inf"))
     return logits_sort.scatter(dim=-1, index=logits_idx, src=logits_sort)
 
 
