@@ -157,7 +157,9 @@ def test_directory_without_config_json_is_unknown(tmp_path):
     assert str(tmp_path) in one_line_error(exc)
 
 
-@pytest.mark.parametrize("spec", ["gpt5", "meta-llama/Nope", "no/such/config.json"])
+@pytest.mark.parametrize(
+    "spec", ["gpt5", "meta-llama/Nope"]
+)  # (a path: test_a_config_path_that_does_not_exist_says_so)
 def test_unknown_model(spec):
     with pytest.raises(KbNanoError) as exc:
         resolve(spec, REPO)
