@@ -38,6 +38,7 @@ HARNESS_MODULES = (
             "quiet_start",
             "sandbox",
             "schema",
+            "seccomp",
             "shm",
             "signing",
             "timing",
