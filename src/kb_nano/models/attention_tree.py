@@ -5,6 +5,8 @@ multi-head latent attention), or why they are not covered; read on the meta-buil
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 PROBE_ROWS = 4  # random rows each probe of a module's computation runs on (norms, sinks)
@@ -50,6 +52,12 @@ def _layer_type(module: torch.nn.Module) -> str | None:
     if isinstance(types, list | tuple) and isinstance(idx, int) and idx < len(types):
         return str(types[idx])
     return None
+
+
+def first_decoder_layer(lm: torch.nn.Module) -> torch.nn.Module | None:
+    """The first decoder layer of the causal LM ``lm``: the module named ``...layers.0``
+    (``...h.0`` in GPT-2-style trees, Falcon's), or None."""
+    return next((m for n, m in lm.named_modules() if re.search(r"(^|\.)(layers|h)\.0$", n)), None)
 
 
 def _sliding_window(module: torch.nn.Module) -> int | None:
@@ -135,7 +143,7 @@ def attention_layers(lm: torch.nn.Module) -> dict:
         )
         entry["layers"] += 1
     if not kinds:
-        layer = next((m for n, m in lm.named_modules() if n.endswith("layers.0") or n.endswith(".h.0")), None)
+        layer = first_decoder_layer(lm)
         has = f" ({type(layer).__name__} has {', '.join(dict(layer.named_children()))})" if layer is not None else ""
         return {"kinds": [], "reason": f"not covered: no decoder layer has a self_attn module{has}"}
     return {"kinds": list(kinds.values()), "reason": None}

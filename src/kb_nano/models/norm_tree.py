@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-from kb_nano.models.attention_tree import PROBE_ROWS
+from kb_nano.models.attention_tree import PROBE_ROWS, first_decoder_layer
 
 # weight offsets of the hidden-size RMSNorm forms kb-nano measures: output = x / rms(x) * (offset + w)
 NORM_FORMS = {0.0: "x / rms(x) * weight (LlamaRMSNorm)", 1.0: "x / rms(x) * (1 + weight) (GemmaRMSNorm)"}
@@ -24,9 +24,7 @@ def residual_add(config_fields: dict, lm: torch.nn.Module) -> dict:
     ``"scaled"`` when the config scales the sublayer's output before the add
     (``residual_multiplier``, Granite: ``residual + h * m``, which vLLM adds in torch
     before a plain RMSNorm). ``reason`` says why for the last two."""
-    import re
-
-    layer = next((m for n, m in lm.named_modules() if re.search(r"(^|\.)layers\.0$", n)), None)
+    layer = first_decoder_layer(lm)
     if layer is None:
         return {"form": "pre_norm", "reason": None}
     cls = type(layer).__name__

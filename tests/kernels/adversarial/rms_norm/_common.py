@@ -73,13 +73,11 @@ def clone_sibling(body) -> None:
 
 class IdleSignalling(Base):
     """A correct fused rms_norm (with the residual add of fused_add_rms_norm) that starts
-    its helpers (:meth:`start_helpers`, once, on the first call) and marks in :data:`SHM`
-    when it is busy and when its last call ended: what :func:`burn_while_idle` reads."""
+    its helpers once, on the first call, and marks in :data:`SHM` when it is busy and
+    when its last call ended: what :func:`burn_while_idle` reads. Each burner candidate
+    subclasses it with its own ``start_helpers(self)``."""
 
     started = False
-
-    def start_helpers(self) -> None:
-        raise NotImplementedError  # each burner candidate starts its helpers its own way
 
     def forward(self, x, residual=None):
         if not IdleSignalling.started:
