@@ -11,7 +11,28 @@ def main(argv: list[str] | None = None) -> int:
     """The ``kb_nano`` entry point (``pyproject.toml``'s script): :func:`kb_nano.cli.parser.main`,
     imported when called so that importing a submodule (``kb_nano.cli.flags``) does not
     import every command's module and no submodule imports this package back.
-    Returns the process exit status."""
+    Returns the process exit status.
+
+    Called as the command (``argv`` None), a process that still has a daemon thread at
+    work (the manifest thread of :func:`kb_nano.workflow.start_manifest`, when a Ctrl-C or
+    an early error ends the run while it imports torch) ends here with ``os._exit`` after
+    flushing its output: the interpreter's shutdown would end that thread with
+    ``pthread_exit`` inside torch's C++ code, which aborts the process ("terminate called
+    without an active exception", status -6) instead of ending it with its status."""
     from kb_nano.cli.parser import main as parser_main
 
-    return parser_main(argv)
+    code = parser_main(argv)
+    if argv is None:
+        _end_past_daemon_threads(code)
+    return code
+
+
+def _end_past_daemon_threads(code: int) -> None:
+    import os
+    import sys
+    import threading
+
+    if any(t.daemon and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
