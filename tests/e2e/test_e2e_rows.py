@@ -157,6 +157,9 @@ def test_cli_rejects_bad_e2e_input(tmp_path):
     work = copy_workflow(tmp_path)
     proc = kb_nano(work, "e2e", "latency", "--candidates", "attention/gqa_grouped", "-n")
     assert proc.returncode == 2 and proc.stderr.startswith("error: --candidates: attention/gqa_grouped")
+    proc = kb_nano(work, "e2e", "latency", "-n")  # no Tier-1 results: nothing to compare the baseline with
+    assert proc.returncode == 2 and proc.stderr.startswith("error: e2e: no candidate that vLLM can run passed Tier 1")
+    assert proc.stderr.count("\n") == 1 and "--baseline measures the baseline alone" in proc.stderr
     proc = kb_nano(work, "e2e", "latency", "--batch-size", "0", "-n")
     assert proc.returncode == 2 and "batch_size must be a positive integer" in proc.stderr
     for value in ("0", "-1"):  # before anything else is printed, naming the flag

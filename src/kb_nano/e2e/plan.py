@@ -8,8 +8,10 @@ candidate reruns exactly the jobs of the variants that contain it (its file is a
 those jobs only), their baseline runs included. ``e2e.candidates`` empty = every candidate that can run inside vLLM on the
 device (:func:`kb_nano.e2e.vllm_plugin.swappable`, ``supported_devices``) and whose target a
 configured model uses, one per target: the one that passed Tier 1 fastest
-(:func:`tier1_choice`), so adding a candidate file changes nothing until Tier 1 has
-measured it, and a candidate that failed there is never swapped in.
+(:func:`tier1_choice`) when it is faster than the baseline there (geometric-mean speedup
+above 1; a target whose best candidate is slower keeps vLLM's own kernel), so adding a
+candidate file changes nothing until Tier 1 has measured it, and a candidate that failed
+there is never swapped in.
 """
 
 from __future__ import annotations
@@ -174,21 +176,31 @@ def tier1_choice(
     return best
 
 
+def _scored(choice: dict) -> str:
+    return f"{choice['id']} ({choice['geomean']:.3g}x over {choice['rows']} rows)"
+
+
 def describe_choice(root: Path, device: str, cands: list[CandidateRef], model_specs: list[str] | None) -> str:
-    """One line saying which candidates the default candidate variant swaps in and why."""
+    """One line saying which candidates the default candidate variant swaps in
+    (:func:`candidate_set`) and why, naming the targets whose fastest candidate that passed
+    Tier 1 is not faster than the baseline (left out)."""
+    ok, _ = applicable(root, device)
+    used = used_targets(root, model_specs) if model_specs else None
+    choice = tier1_choice(root, device, model_specs, [c for c in ok if used is None or c.target in used])
+    slower = [_scored(v) for t, v in sorted(choice.items()) if v["geomean"] <= 1.0]
+    left_out = f"; not faster than the baseline, left out: {', '.join(slower)}" if slower else ""
     if not cands:
         return (
-            f"no candidate that vLLM can run passed Tier 1 on {device} in {TIER1_RESULTS} (with its current "
-            "file): run `kb_nano kernels` first, or name them with --candidates"
+            f"no candidate that vLLM can run passed Tier 1 faster than the baseline on {device} in "
+            f"{TIER1_RESULTS} (with its current file){left_out}: run `kb_nano kernels` first, or name "
+            "them with --candidates"
         )
-    choice = tier1_choice(root, device, model_specs, cands)
-    parts = [
-        f"{c.id} ({choice[c.target]['geomean']:.3g}x over {choice[c.target]['rows']} rows)"
-        if c.target in choice
-        else c.id
-        for c in cands
-    ]
-    return f"candidates: the fastest per target that passed Tier 1 on {device} ({TIER1_RESULTS}): " + ", ".join(parts)
+    parts = [_scored(choice[c.target]) if c.target in choice else c.id for c in cands]
+    return (
+        f"candidates: the fastest per target that passed Tier 1 on {device} ({TIER1_RESULTS}): "
+        + ", ".join(parts)
+        + left_out
+    )
 
 
 def candidate_set(
@@ -197,14 +209,15 @@ def candidate_set(
     """The candidates of the non-baseline variant: ``requested`` ids/prefixes, or by
     default, per target that vLLM can swap and (with ``model_specs``) those models use,
     the candidate that passed Tier 1 fastest (:func:`tier1_choice`; none without Tier-1
-    results). Raises ``KbNanoError`` for an id that matches nothing, a candidate that
+    results) when its geometric-mean speedup is above 1. Raises ``KbNanoError`` for an id that matches nothing, a candidate that
     cannot be swapped into vLLM (with the reason), or two of one target."""
     ok, skipped = applicable(root, device)
     if not requested:
         used = used_targets(root, model_specs) if model_specs else None
         pool = [c for c in ok if used is None or c.target in used]
         choice = tier1_choice(root, device, model_specs, pool)
-        return sorted((c for c in pool if choice.get(c.target, {}).get("id") == c.id), key=lambda c: c.id)
+        chosen = {v["id"] for v in choice.values() if v["geomean"] > 1.0}
+        return sorted((c for c in pool if c.id in chosen), key=lambda c: c.id)
     found = discover(root)
     reasons = {c.id: why for c, why in skipped}
     out: list[CandidateRef] = []
@@ -351,7 +364,9 @@ def invocation(root: Path, base: dict, kind: str, section: dict, fields: dict, b
     workload of ``kind`` from ``fields`` (the workload flags) over the first configured
     workload of that kind (else vLLM's defaults). Planned once here (:func:`plan`), so an
     unknown model, load format or candidate is a one-line ``KbNanoError`` before
-    Snakemake starts; when no candidate is named, prints which ones the default chose."""
+    Snakemake starts; when no candidate is named, prints which ones the default chose
+    (:func:`describe_choice`), and raises ``KbNanoError`` when it chose none (a run of the
+    baseline alone is ``--baseline``)."""
     from kb_nano.e2e.workloads import from_flags
 
     e2e = {**base["e2e"], **section, "baseline_only": baseline_only}
@@ -361,7 +376,8 @@ def invocation(root: Path, base: dict, kind: str, section: dict, fields: dict, b
     planned = plan(root, {**base, "e2e": e2e})
     if not e2e["candidates"] and not baseline_only:
         chosen = candidate_set(root, [], planned["device"], e2e["models"])
-        print(
-            describe_choice(root, planned["device"], chosen, e2e["models"]) + ("" if chosen else "; the baseline only")
-        )
+        line = describe_choice(root, planned["device"], chosen, e2e["models"])
+        if not chosen:
+            raise KbNanoError(f"e2e: {line}; --baseline measures the baseline alone")
+        print(line)
     return e2e

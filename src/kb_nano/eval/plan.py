@@ -168,13 +168,12 @@ def candidates(root: Path, config: dict, dev: str, model_specs: list[str]):
             raise KbNanoError(
                 f"eval.categories: unknown category {cat!r}{did_you_mean(cat, known)}; known: {', '.join(sorted(known))}"
             )
+    if not cands and not ev["candidates"]:  # (before the categories: those leaving none is the next error)
+        from kb_nano.e2e.plan import describe_choice
+
+        raise KbNanoError(f"eval: {describe_choice(root, dev, [], model_specs)}")
     if cats:
         cands = [c for c in cands if operators.CATALOG[c.target].category in cats]
-    if not cands and not ev["candidates"]:
-        from kb_nano.e2e.plan import describe_choice, tier1_choice
-
-        if not tier1_choice(root, dev, model_specs):  # else the categories or the models left none
-            raise KbNanoError(f"eval: {describe_choice(root, dev, [], model_specs)}")
     if not cands:
         raise KbNanoError(
             "eval: no candidate that vLLM can run matches the models, --candidates and --category; "
