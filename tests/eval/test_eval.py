@@ -190,8 +190,7 @@ def test_without_tier1_results_eval_names_what_to_run_first(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert (
         "passed Tier 1 faster than the baseline on cpu in results/kernels.parquet (with its current file): "
-        "run `kb_nano kernels` first"
-        in out.stderr
+        "run `kb_nano kernels` first" in out.stderr
     )
 
 
