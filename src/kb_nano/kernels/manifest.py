@@ -65,7 +65,9 @@ def generate(
     ``dtype`` ``auto`` uses each model's ``torch_dtype``. A scenario whose TP does not
     divide the sharded dimension, whose operator the architecture does not use, or whose
     model cannot be deployed at that TP at all (:func:`_undeployable`) is kept with
-    ``applicable: false`` and the ``reason``.
+    ``applicable: false`` and the ``reason``; so is one whose operator call is the same
+    at a lower TP of the model (an unsharded norm: same init args, inputs, dtype and
+    semantics), naming the scenario that measures it (:func:`_same_call`).
     Raises ``KbNanoError`` for unknown models, unloadable configs, duplicate keys or a
     TP / token count listed twice (which would give duplicate scenario ids).
     """
@@ -107,6 +109,7 @@ def generate(
         }
         deployable_reason = {tp: _undeployable(facts, tp) for tp in tps}
         deployable = {tp for tp, why in deployable_reason.items() if why is None}
+        calls: dict[str, dict] = {}  # one model's applicable calls: measured once, at the lowest TP
         for name in names:
             op = operators.get(name)
             atol, rtol = tolerance_for(op, model_dtype)
@@ -152,8 +155,26 @@ def generate(
                             bytes_moved=int(nbytes),
                             flops=int(flops),
                         )
+                        _same_call(entry, calls)
                     manifest["scenarios"].append(entry)
     return manifest
+
+
+def _same_call(entry: dict, calls: dict[str, dict]) -> None:
+    """Mark ``entry`` (an applicable scenario) not applicable when ``calls`` (the model's
+    applicable scenarios so far, by call) holds one with the same operator call at another
+    TP (everything but ``scenario_id`` and ``tp``: an unsharded norm at TP 1 and 4);
+    else record it there. Measuring the call twice would give two rows of one number."""
+    key = json.dumps({k: v for k, v in entry.items() if k not in ("scenario_id", "tp")}, sort_keys=True)
+    first = calls.setdefault(key, entry)
+    if first is not entry:
+        for k in ("init_args", "inputs", "bytes_moved", "flops"):
+            del entry[k]
+        entry.update(
+            applicable=False,
+            reason=f"same call as tp={first['tp']} ({first['scenario_id']}), measured there: "
+            f"{entry['target']} is not sharded over TP",
+        )
 
 
 def _undeployable(facts: dict, tp: int) -> str | None:
