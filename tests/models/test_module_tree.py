@@ -463,3 +463,30 @@ def test_a_config_with_read_only_fields_or_no_layers_list_is_not_covered_not_a_c
     facts = {"hf_config": fields, "model_type": "falcon", "num_attention_heads": 4, "num_key_value_heads": 4}
     with pytest.raises(NotApplicable, match="no `layers` list"):
         operators.get("decoder_layer").init_args({**facts, "hidden_size": 64, "dtype": "float32"}, 1)
+
+
+def test_fused_qkv_attention_modules_are_read_with_their_own_kv_heads_and_norms():
+    """GPT-NeoX (``layers.<i>.attention``) and Falcon (``h.<i>.self_attention``) fuse q, k
+    and v in ``query_key_value``: their attention is measured, with the KV heads the module
+    computes with (Falcon keeps 2 of 4 in ``num_kv_heads``, not in a
+    ``num_key_value_heads`` config field: read as 4 before) and its scale; Falcon's
+    LayerNorms (``h.<i>.ln_attn``, ``ln_f``) are found; ALiBi is not covered."""
+    from transformers import FalconConfig, GPTNeoXConfig
+
+    falcon = FalconConfig(
+        hidden_size=64, num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True, num_hidden_layers=2
+    )
+    got = read(falcon.to_dict())
+    assert got["num_key_value_heads"] == 2
+    assert got["attention_layers"]["reason"] is None
+    assert [(k["scale"], k["layers"]) for k in got["attention_layers"]["kinds"]] == [(0.25, 2)]
+    assert got["layer_norm"] == {"class": "LayerNorm", "eps": 1e-5, "bias": True}
+    multi_query = read(FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2).to_dict())
+    assert multi_query["num_key_value_heads"] == 1  # Falcon-7B's multi-query attention
+    alibi = read(FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, alibi=True).to_dict())
+    assert "ALiBi" in alibi["attention_layers"]["reason"]
+    neox = read(
+        GPTNeoXConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2).to_dict()
+    )
+    assert "num_key_value_heads" not in neox  # the config's (4: multi-head)
+    assert [(k["scale"], k["layers"]) for k in neox["attention_layers"]["kinds"]] == [(0.25, 2)]

@@ -18,7 +18,16 @@ PROBE_ROWS = 4  # random rows each probe of a module's computation runs on (norm
 # which has ``kv_a_proj_with_mqa``, is read by :func:`kb_nano.operators.mla.mla_layer`); a
 # ``sinks`` parameter is covered when :func:`sinks_reason` finds the module's attention
 # computes gpt-oss's sinks
-ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "qk_norm", "rotary_emb"}
+# (GPT-NeoX and Falcon fuse the projections as ``query_key_value`` and call the output one
+# ``dense``); a dropout child is the identity at inference
+ATTENTION_CHILDREN = {
+    *("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "query_key_value", "dense"),
+    *("q_norm", "k_norm", "qk_norm", "rotary_emb"),
+}
+
+# The names transformers gives a decoder layer's self-attention module: ``self_attn``
+# (Llama and most), ``attention`` (GPT-NeoX), ``self_attention`` (Falcon)
+_ATTENTION_NAME = re.compile(r"(^|\.)(layers|h)\.\d+\.(self_attn|attention|self_attention)$")
 
 
 # The layer types (transformers' ``config.layer_types``) whose attention kb-nano computes:
@@ -60,6 +69,37 @@ def first_decoder_layer(lm: torch.nn.Module) -> torch.nn.Module | None:
     return next((m for n, m in lm.named_modules() if re.search(r"(^|\.)(layers|h)\.0$", n)), None)
 
 
+def attention_modules(lm: torch.nn.Module) -> list[torch.nn.Module]:
+    """The self-attention module of each decoder layer of the causal LM ``lm``, in layer
+    order: the child named ``self_attn``, ``attention`` or ``self_attention`` of a
+    module named ``...layers.<i>`` or ``...h.<i>``."""
+    return [m for n, m in lm.named_modules() if _ATTENTION_NAME.search(n)]
+
+
+def kv_heads(lm: torch.nn.Module) -> int | None:
+    """The KV heads the first attention module of ``lm`` computes with, from its own
+    ``num_key_value_heads`` or ``num_kv_heads`` attribute (Falcon keeps its count there,
+    1 for multi-query, not in a ``num_key_value_heads`` config field), else None (the
+    module reads its config's, as Llama's does)."""
+    for module in attention_modules(lm)[:1]:
+        for attr in ("num_key_value_heads", "num_kv_heads"):
+            value = getattr(module, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def _scale(module: torch.nn.Module) -> float | None:
+    """The softmax scale of the attention module: its ``scaling`` (transformers' common
+    attribute) or Falcon's ``inv_norm_factor`` (``1 / sqrt(head_dim)``, the scale of
+    its ``scaled_dot_product_attention``), else None."""
+    for attr in ("scaling", "inv_norm_factor"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int | float):
+            return float(value)
+    return None
+
+
 def _sliding_window(module: torch.nn.Module) -> int | None:
     """The sliding window the attention module's forward passes, or None (causal over
     every earlier key). A module without a ``sliding_window`` attribute passes its
@@ -92,11 +132,12 @@ def _chunk_size(module: torch.nn.Module) -> int | None:
 
 def attention_layers(lm: torch.nn.Module) -> dict:
     """The kinds of self-attention layer of the causal LM ``lm`` (built on the meta device
-    with every layer, :func:`read`), read from each decoder layer's attention module:
+    with every layer, :func:`read`), read from each decoder layer's attention module
+    (:func:`attention_modules`):
     ``{"kinds": [{"scale", "sliding_window", "attention_chunk_size", "logits_soft_cap",
     "sinks", "layers"}, ...], "reason": None}`` with one entry per distinct (softmax scale,
     sliding window, attention chunk, soft-cap, sinks) in layer order (``layers``: how many
-    layers have it; the module's ``scaling``, :func:`_sliding_window`, the config's
+    layers have it; the module's scale (:func:`_scale`), :func:`_sliding_window`, the config's
     ``attention_chunk_size`` on a ``chunked_attention`` layer, ``attn_logit_softcapping``
     and whether it has a ``sinks`` parameter; multi-head latent attention adds ``"mla"``, its dimensions
     from :func:`kb_nano.operators.mla.mla_layer`), or ``{"kinds": [], "reason": "not
@@ -107,14 +148,18 @@ def attention_layers(lm: torch.nn.Module) -> dict:
 
     kinds: dict[tuple, dict] = {}
     probed: dict[type, str | None] = {}  # attention class -> sinks_reason
-    for name, module in lm.named_modules():
-        if not name.endswith(".self_attn"):
-            continue
+    for module in attention_modules(lm):
         cls = type(module).__name__
         mla = mla_layer(module) if hasattr(module, "kv_a_proj_with_mqa") else None
         if isinstance(mla, str):
             return {"kinds": [], "reason": mla}
-        extra = sorted(set(dict(module.named_children())) - ATTENTION_CHILDREN)
+        if getattr(getattr(module, "config", None), "alibi", False):
+            return {"kinds": [], "reason": f"not covered: {cls} adds an ALiBi position bias to the logits"}
+        extra = sorted(
+            n
+            for n, child in module.named_children()
+            if n not in ATTENTION_CHILDREN and not isinstance(child, torch.nn.Dropout)
+        )
         own = sorted(n for n, _ in module.named_parameters(recurse=False) if n != "sinks")
         if (extra or own) and mla is None:
             parts = [f"{n} ({type(getattr(module, n)).__name__})" for n in extra] + own
@@ -131,7 +176,10 @@ def attention_layers(lm: torch.nn.Module) -> dict:
         window = _sliding_window(module)
         chunk = _chunk_size(module) if _layer_type(module) == "chunked_attention" else None
         cap = getattr(module, "attn_logit_softcapping", None)
-        key = (float(module.scaling), window, chunk, float(cap) if cap else None, sinks)
+        scale = _scale(module)
+        if scale is None:
+            return {"kinds": [], "reason": f"not covered: {cls} has no softmax scale kb-nano can read (scaling)"}
+        key = (scale, window, chunk, float(cap) if cap else None, sinks)
         key += (tuple(mla.values()),) if mla else ()
         entry = kinds.setdefault(
             key,
@@ -145,7 +193,10 @@ def attention_layers(lm: torch.nn.Module) -> dict:
     if not kinds:
         layer = first_decoder_layer(lm)
         has = f" ({type(layer).__name__} has {', '.join(dict(layer.named_children()))})" if layer is not None else ""
-        return {"kinds": [], "reason": f"not covered: no decoder layer has a self_attn module{has}"}
+        return {
+            "kinds": [],
+            "reason": f"not covered: no decoder layer has a self_attn, attention or self_attention module{has}",
+        }
     return {"kinds": list(kinds.values()), "reason": None}
 
 

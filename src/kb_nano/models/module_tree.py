@@ -28,7 +28,7 @@ import copy
 
 import torch
 
-from kb_nano.models.attention_tree import attention_layers
+from kb_nano.models.attention_tree import attention_layers, attention_modules, kv_heads
 from kb_nano.models.ffn_tree import mlp_blocks
 from kb_nano.models.norm_tree import hidden_norm, layer_norm, qk_norm, residual_add
 
@@ -36,7 +36,9 @@ from kb_nano.models.norm_tree import hidden_norm, layer_norm, qk_norm, residual_
 def read(config_fields: dict) -> dict:
     """What the model's own modules compute, from one meta-device build of it with every
     layer: ``{"hidden_norm", "residual_add", "layer_norm", "attention_layers", "qk_norm",
-    "mlp_blocks", "rotary", "lm_head_bias"}`` (:func:`hidden_norm`, :func:`residual_add`, :func:`layer_norm`,
+    "mlp_blocks", "rotary", "lm_head_bias"}``, and ``num_key_value_heads`` where the
+    attention module keeps its own (:func:`kb_nano.models.attention_tree.kv_heads`; it
+    replaces the config's reading) (:func:`hidden_norm`, :func:`residual_add`, :func:`layer_norm`,
     :func:`attention_layers`, ...). A config transformers cannot build gives each its
     ``not covered`` reason."""
     from kb_nano.operators.base import NotApplicable
@@ -66,6 +68,8 @@ def read(config_fields: dict) -> dict:
         "rotary": rotary(lm),
         # an output bias on the logits (Phi-3.5-MoE's lm_head_bias; vLLM ParallelLMHead(bias=True))
         "lm_head_bias": getattr(lm.get_output_embeddings(), "bias", None) is not None,
+        # the KV heads the attention computes with, where its module keeps them (Falcon)
+        **({"num_key_value_heads": kv} if (kv := kv_heads(lm)) else {}),
     }
 
 
@@ -83,9 +87,7 @@ def rotary(lm: torch.nn.Module) -> dict | None:
     ``qk_rope_head_dim`` wide). None when no attention module is found."""
     import sys
 
-    for name, module in lm.named_modules():
-        if not name.endswith(".self_attn"):
-            continue
+    for module in attention_modules(lm):
         where = type(module).__module__
         modeling = sys.modules.get(where)
         if hasattr(module, "kv_a_proj_with_mqa"):

@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-from kb_nano.models.attention_tree import PROBE_ROWS, first_decoder_layer
+from kb_nano.models.attention_tree import PROBE_ROWS, attention_modules, first_decoder_layer
 
 # weight offsets of the hidden-size RMSNorm forms kb-nano measures: output = x / rms(x) * (offset + w)
 NORM_FORMS = {0.0: "x / rms(x) * weight (LlamaRMSNorm)", 1.0: "x / rms(x) * (1 + weight) (GemmaRMSNorm)"}
@@ -41,16 +41,18 @@ def layer_norm(config_fields: dict, lm: torch.nn.Module) -> dict | None:
     """The hidden-size ``torch.nn.LayerNorm`` of the model (Phi-3.5-MoE's ``input_layernorm``,
     ``post_attention_layernorm`` and final ``norm``; vLLM builds the same ``nn.LayerNorm``):
     ``{"class", "eps", "bias"}`` of the first such module of ``lm`` (the model on the meta
-    device) that is a decoder layer's direct child or the final ``norm`` (not a vision
-    tower's), or None when it has none. ``eps`` is the module's own (Phi-3.5-MoE passes
+    device) that is a decoder layer's direct child or the base model's (the final norm:
+    ``norm``, Falcon's ``ln_f``; not a vision tower's), or None when it has none. ``eps`` is the module's own (Phi-3.5-MoE passes
     ``rms_norm_eps``), ``bias`` whether it has one. Raises nothing; a model whose LayerNorms
     disagree in ``eps`` or bias gets the first one's (none of the vendored models)."""
     import re
 
     hidden = int(config_fields["hidden_size"])
     for name, module in lm.named_modules():
-        # a decoder layer's own norms and the final norm; not a vision tower's
-        if not re.search(r"(^|\.)layers\.\d+\.[^.]+$|(^|\.)norm$", name) or "vision" in name:
+        # a decoder layer's own norms (``layers.<i>``, Falcon's ``h.<i>``) and a direct child of
+        # the base model (the final ``norm``, Falcon's ``ln_f``, GPT-NeoX's ``final_layer_norm``);
+        # not a vision tower's
+        if not re.search(r"(^|\.)(layers|h)\.\d+\.[^.]+$|^[^.]+\.[^.]+$", name) or "vision" in name:
             continue
         if isinstance(module, torch.nn.LayerNorm) and tuple(module.normalized_shape) == (hidden,):
             if module.elementwise_affine:
@@ -90,9 +92,7 @@ def qk_norm(lm: torch.nn.Module) -> dict | None:
     with rotation): ``{"class", "weight_offset": 0.0, "has_weight": False, "reason"}``
     when it is a weightless RMSNorm (:func:`weightless_norm`); None when the model has
     no such norms."""
-    for name, module in lm.named_modules():
-        if not name.endswith(".self_attn"):
-            continue
+    for module in attention_modules(lm):
         if hasattr(module, "q_norm") and hasattr(module, "k_norm"):
             norm = module.q_norm
             cls = type(norm).__name__
