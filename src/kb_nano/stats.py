@@ -52,7 +52,7 @@ def t975(df: int) -> float:
 
 
 def speedup_interval(
-    baseline_blocks: list[float], candidate_blocks: list[float], speedup: float
+    baseline_blocks: list[float], candidate_blocks: list[float], speedup: float, run_sd: float = 0.0
 ) -> tuple[float, float]:
     """95% interval for the speedup a rerun of the same measurement reports, around
     ``speedup`` (the ratio of the two sides' medians over blocks, :func:`kb_nano.kernels.blocks.estimate`),
@@ -77,8 +77,13 @@ def speedup_interval(
       taken as that of the median of the paired ratios.
 
     So a rerun's speedup falls inside with 95% probability when reruns vary as blocks do
-    (docs/measurement.md says what varies between runs and not between blocks). Raises
-    ``ValueError`` with fewer than two blocks or unpaired lists."""
+    (docs/measurement.md says what varies between runs and not between blocks). What
+    varies only between runs is ``run_sd``: the standard deviation of one run's log
+    speedup that no block samples (a variance component; Searle, Casella & McCulloch,
+    *Variance Components*, 1992), added in quadrature as ``1.96 * sqrt(2) * run_sd`` (two
+    runs' worth, a known normal spread): the half-width in logs is
+    ``sqrt(h_blocks^2 + (1.96 * sqrt(2) * run_sd)^2)``. Raises ``ValueError`` with fewer
+    than two blocks or unpaired lists."""
     b = np.asarray(baseline_blocks, dtype=np.float64)
     c = np.asarray(candidate_blocks, dtype=np.float64)
     if len(b) != len(c) or len(b) < 2:
@@ -86,5 +91,6 @@ def speedup_interval(
     logs = np.log(np.maximum(b, 1e-12)) - np.log(np.maximum(c, 1e-12))
     n = len(logs)
     half = t975(n - 1) * np.sqrt(np.pi / 2) * float(np.std(logs, ddof=1)) * np.sqrt(2 / n)
+    half = float(np.hypot(half, 1.959964 * np.sqrt(2) * run_sd))
     mid = float(np.log(max(speedup, 1e-12)))
     return float(np.exp(mid - half)), float(np.exp(mid + half))

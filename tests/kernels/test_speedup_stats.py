@@ -48,6 +48,30 @@ def test_speedup_interval_covers_a_rerun():
     assert 0.93 <= inside / 2000 <= 0.995
 
 
+def test_a_between_run_spread_is_covered_by_run_sd_and_missed_without_it():
+    """Runs whose log speedup moves by a run-level N(0, 0.004) that no block samples (the
+    H200's fitted ``RUN_TO_RUN_SD``) on top of tight blocks: the block-only interval
+    misses about half of the reruns; with ``run_sd`` about 95% land inside."""
+    from kb_nano.kernels.blocks import RUN_TO_RUN_SD
+
+    rng = np.random.default_rng(11)
+    sd = RUN_TO_RUN_SD["cuda"]
+
+    def run(run_sd, n=5):
+        shift = rng.normal(0, sd)
+        b, c = 2.0 * np.exp(shift + rng.normal(0, 0.002, n)), np.exp(rng.normal(0, 0.002, n))
+        est = float(np.median(b) / np.median(c))
+        return est, stats.speedup_interval(list(b), list(c), est, run_sd)
+
+    for run_sd, low, high in ((0.0, 0.3, 0.8), (sd, 0.93, 0.995)):
+        inside = 0
+        for _ in range(2000):
+            _, (lo, hi) = run(run_sd)
+            est2, _ = run(run_sd)
+            inside += lo <= est2 <= hi
+        assert low <= inside / 2000 <= high, (run_sd, inside)
+
+
 def test_speedup_interval_of_equal_sides_contains_one():
     rng = np.random.default_rng(1)
     b, c = list(1.0 + rng.normal(0, 0.1, 10)), list(1.0 + rng.normal(0, 0.1, 10))

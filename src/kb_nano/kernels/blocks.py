@@ -36,6 +36,12 @@ from kb_nano.kernels import timing
 
 MIN_BLOCKS = {"cpu": 10, "cuda": 5}
 CI_TARGET = 0.02  # default ci_target: the rerun interval's half-width, relative (about a 1.1% confidence interval)
+# The standard deviation of one run's log speedup that blocks do not sample (where the run's
+# input slots and workers' state landed), per device type: the maximum-likelihood fit
+# (0.0038) over the 45 rows of two back-to-back sweeps on the H200 (bench/FIDELITY.md,
+# 2026-12-03 23:39 UTC: python bench/fidelity.py; each row's difference ~ N(0, its block
+# variance + 2 run_sd^2)), rounded up. Not measured on CPUs (there the blocks' spread is wide).
+RUN_TO_RUN_SD = {"cuda": 0.004}
 TIMERS = ("eager", "kernel", "graph")
 # NVML clock-event reasons that mean the SM clock was held down (nvml.h, nvmlClocksEventReason*):
 # software power cap, hardware slowdown, sync boost excluded (it follows another GPU), software

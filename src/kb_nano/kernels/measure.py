@@ -20,7 +20,7 @@ import torch
 from kb_nano import roofline, stats
 from kb_nano.kernels import timing
 from kb_nano.kernels.agreement import timer_fields
-from kb_nano.kernels.blocks import MIN_BLOCKS, estimate, hidden_ms, overhead_noise_ms
+from kb_nano.kernels.blocks import MIN_BLOCKS, RUN_TO_RUN_SD, estimate, hidden_ms, overhead_noise_ms
 from kb_nano.kernels.fields import device_name, resolve_device, row_fields
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
 from kb_nano.kernels.judge import ERROR_FIELDS, HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement
@@ -190,7 +190,10 @@ def _run(m: Measurement, settings: dict, root: Path) -> dict:
     p = s[which]
     b_med, c_med = estimate(p)
     b_iqr, c_iqr = timing.summarize(p["base"])[1], timing.summarize(p["cand"])[1]
-    lo, hi = stats.speedup_interval(p["block_base"], p["block_cand"], b_med / c_med) if c_med > 0 else (None, None)
+    run_sd = RUN_TO_RUN_SD.get(device.type, 0.0)
+    lo, hi = (None, None)
+    if c_med > 0:
+        lo, hi = stats.speedup_interval(p["block_base"], p["block_cand"], b_med / c_med, run_sd)
     bound = roofline.bound_ms(m.scenario.get("bytes_moved"), m.scenario.get("flops"), peak)
     # a bound the baseline itself beats was measured wrong (peaks taken on a loaded host): no review
     # then, unless the peaks are the user's own (config `roofline:`)
