@@ -10,7 +10,7 @@ from pathlib import Path
 from kb_nano import operators
 from kb_nano.candidates import CandidateRef, discover
 from kb_nano.errors import ConfigError, did_you_mean
-from kb_nano.models.configs import INDEX_FILE, check_config_file, resolve
+from kb_nano.models.configs import INDEX_FILE, check_config_file, check_unique_keys, resolve
 from kb_nano.paths import PACKAGE_DIR
 
 # Harness files whose edits must rerun every kernel job (with the operator's own module).
@@ -120,11 +120,12 @@ def candidates(root: Path, config: dict) -> list[CandidateRef]:
 
 def model_config_files(root: Path, config: dict) -> list[str]:
     """The models index and the config.json of every configured model (job inputs of
-    the manifest rule). Raises ``KbNanoError`` for an unknown model or a config.json
-    that is not valid JSON."""
+    the manifest rule). Raises ``KbNanoError`` for an unknown model, a config.json
+    that is not valid JSON or has bad shape fields, or two models of one key."""
     refs = [resolve(spec, root) for spec in config["models"]]
     for ref in refs:
         check_config_file(ref, root)
+    check_unique_keys(refs)
     return [str(INDEX_FILE)] + [str(ref.config_path) for ref in refs]
 
 

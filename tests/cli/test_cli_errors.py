@@ -101,6 +101,25 @@ def test_config_json_missing_a_shape_field_is_an_error(work, tmp_path):
     assert out.returncode == 2 and "field(s) hidden_size missing" in out.stderr, out.stderr
 
 
+def test_bad_shape_values_and_two_models_of_one_key_stop_before_snakemake(work, tmp_path):
+    """A head count of -4, and two local config folders of one name, are one line from the
+    preflight (exit 2), not a Snakemake WorkflowError with a file and line."""
+    src = json.loads((work / "config/models/meta-llama/Llama-3.2-1B-Instruct/config.json").read_text())
+    bad = tmp_path / "negheads"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({**src, "num_attention_heads": -4}))
+    for command in ("kernels", "generate-inputs"):
+        out = kb_nano(work, command, "--model", str(bad), *(["--dry-run"] if command == "kernels" else []))
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert "field 'num_attention_heads' is -4; expected a positive integer" in out.stderr
+    for d in ("a", "b"):
+        (tmp_path / d / "mm").mkdir(parents=True)
+        (tmp_path / d / "mm" / "config.json").write_text(json.dumps(src))
+    out = kb_nano(work, "kernels", "--model", str(tmp_path / "a/mm"), str(tmp_path / "b/mm"), "--dry-run")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "more than one model has the key mm" in out.stderr and "WorkflowError" not in out.stdout
+
+
 def test_garbage_tracking_uri_is_an_error(work):
     import subprocess
     import sys

@@ -266,3 +266,21 @@ def test_plots_cpu_and_cuda_rows(tmp_path):
         for fn in (speedup_plot, bandwidth_plot):
             out = fn(rows, tmp_path / f"{name}_{fn.__name__}.png")
             assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_e2e_metrics_count_skipped_rows_as_not_run():
+    """An eval run whose TP-4 rows were skipped on a CPU: the pass rate is over the rows
+    that ran (2 ok of 2), not 50%, as Tier 1 counts them."""
+    from kb_nano.tracking.e2e import e2e_metrics
+
+    rows = [
+        {"status": s, "variant": v, "speedup": sp, "model": "tiny-llama", "tp": tp, "workload": "w"}
+        for s, v, sp, tp in (
+            ("ok", "baseline", 1.0, 1),
+            ("ok", "a", 1.1, 1),
+            ("skipped", "baseline", None, 4),
+            ("skipped", "a", None, 4),
+        )
+    ]
+    m = e2e_metrics(rows)
+    assert (m["rows"], m["scenarios_run"], m["ok"], m["failed"], m["pass_rate"]) == (4, 2, 2, 0, 1.0)

@@ -22,6 +22,7 @@ from kb_nano import operators
 from kb_nano.errors import KbNanoError
 from kb_nano.files import atomic_write_text
 from kb_nano.models.configs import (
+    check_unique_keys,
     config_fields,
     config_imports_only,
     config_sha256,
@@ -74,14 +75,7 @@ def generate(
     from kb_nano.operators.base import NotApplicable, tolerance_for
 
     refs = [resolve(spec, root) for spec in models]
-    keys = [r.key for r in refs]
-    dupes = sorted({k for k in keys if keys.count(k) > 1})
-    if dupes:
-        same = "; ".join(f"{k}: {', '.join(str(r.config_path) for r in refs if r.key == k)}" for k in dupes)
-        raise KbNanoError(
-            f"config models: more than one model has the key {', '.join(dupes)} ({same}); a local config's key "
-            "is its folder name: rename one folder"
-        )
+    check_unique_keys(refs)
     options = {"context_lens": None if context_lens is None else [int(c) for c in context_lens]}
     for what, values in (("tp", tps), ("num_tokens", num_tokens), ("context_lens", context_lens or [])):
         repeated = sorted({v for v in values if list(values).count(v) > 1})

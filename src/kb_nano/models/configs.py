@@ -114,7 +114,8 @@ REQUIRED_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "v
 
 def check_config_file(ref: ModelRef, root: Path) -> None:
     """Cheap check (no transformers import) that the model's config.json parses as a JSON
-    object with ``model_type``. Raises ``KbNanoError`` naming the file otherwise."""
+    object with ``model_type``, the fields shapes come from, and sane shape values
+    (:func:`check_shape_fields`). Raises ``KbNanoError`` naming the file otherwise."""
     path = ref.config_path if ref.config_path.is_absolute() else root / ref.config_path
     try:
         data = json.loads(path.read_text())
@@ -130,6 +131,22 @@ def check_config_file(ref: ModelRef, root: Path) -> None:
     missing = [] if isinstance(data.get("text_config"), dict) else [k for k in REQUIRED_FIELDS if k not in data]
     if missing:
         raise KbNanoError(f"{path}: field(s) {', '.join(missing)} missing; kb-nano derives shapes from them")
+    for fields in (data, data.get("text_config")):
+        if isinstance(fields, dict):
+            check_shape_fields(fields, path)
+
+
+def check_unique_keys(refs: list[ModelRef]) -> None:
+    """Raise ``KbNanoError`` when two of ``refs`` have one key (two local config folders
+    of one name): their scenario ids would collide."""
+    keys = [r.key for r in refs]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        same = "; ".join(f"{k}: {', '.join(str(r.config_path) for r in refs if r.key == k)}" for k in dupes)
+        raise KbNanoError(
+            f"config models: more than one model has the key {', '.join(dupes)} ({same}); a local config's key "
+            "is its folder name: rename one folder"
+        )
 
 
 # fields of a multimodal checkpoint's top level its text decoder inherits when its

@@ -14,8 +14,9 @@ from kb_nano.tracking.store import CANDIDATE_TAG_PREFIX
 
 
 def e2e_metrics(rows: list[dict]) -> dict[str, float]:
-    """Metrics of an e2e result set (None values dropped): ``rows`` (= ``scenarios_run``),
-    ``ok``, ``failed``, ``pass_rate`` (ok / rows), ``geomean_speedup`` (over the ok
+    """Metrics of an e2e result set (None values dropped): ``rows``, ``scenarios_run``
+    (the rows not ``skipped``, as Tier 1 counts them), ``ok``, ``failed`` (run and not ok),
+    ``pass_rate`` (ok / run), ``geomean_speedup`` (over the ok
     candidate-variant rows; what ``kb_nano history`` shows),
     ``status/<status>`` counts, and per ok row ``<metric>/<model>/tp<tp>/<workload>/<variant>``
     for ``total_tokens_per_s``, ``output_tokens_per_s``, ``requests_per_s`` (throughput),
@@ -25,12 +26,13 @@ def e2e_metrics(rows: list[dict]) -> dict[str, float]:
     from kb_nano.rows import geomean
 
     ok = [r for r in rows if r["status"] == "ok"]
+    run = [r for r in rows if r["status"] != "skipped"]
     m: dict[str, float | None] = {
         "rows": len(rows),
-        "scenarios_run": len(rows),
+        "scenarios_run": len(run),
         "ok": len(ok),
-        "failed": len(rows) - len(ok),
-        "pass_rate": len(ok) / len(rows) if rows else None,
+        "failed": len(run) - len(ok),
+        "pass_rate": len(ok) / len(run) if run else None,
         "geomean_speedup": geomean(r.get("speedup") for r in ok if r["variant"] != "baseline"),
     }
     for status in sorted({r["status"] for r in rows}):
