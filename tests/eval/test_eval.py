@@ -174,7 +174,7 @@ def work(tmp_path_factory):
 
     work = copy_workflow(tmp_path_factory.mktemp("eval"))
     rows = [
-        row(t, c, device=d)
+        row(t, c, device=d, significant=True)
         for d in ("cpu", "cuda")
         for t, c in (("rms_norm", "torch_fused"), ("silu_and_mul", "inplace"))
     ]

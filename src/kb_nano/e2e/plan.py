@@ -9,7 +9,8 @@ those jobs only), their baseline runs included. ``e2e.candidates`` empty = every
 device (:func:`kb_nano.e2e.vllm_plugin.swappable`, ``supported_devices``) and whose target a
 configured model uses, one per target: the one that passed Tier 1 fastest
 (:func:`tier1_choice`) when it is faster than the baseline there (geometric-mean speedup
-above 1; a target whose best candidate is slower keeps vLLM's own kernel), so adding a
+above 1 and at least one row significantly faster; a target whose best candidate is not
+keeps vLLM's own kernel), so adding a
 candidate file changes nothing until Tier 1 has measured it, and a candidate that failed
 there is never swapped in.
 """
@@ -124,7 +125,8 @@ def tier1_choice(
 ) -> dict[str, dict]:
     """Per target, the candidate Tier 1 found fastest among those that passed it, from the
     latest merged Tier-1 results (:data:`TIER1_RESULTS`, as ``kb_nano kernels`` last
-    wrote them) on ``device`` (``cpu`` | ``cuda``): ``{target: {"id", "geomean", "rows"}}``.
+    wrote them) on ``device`` (``cpu`` | ``cuda``): ``{target: {"id", "geomean", "rows",
+    "faster"}}`` (``faster``: its scored rows whose 95% rerun interval lies above 1).
 
     Ranked: the candidates of ``allowed`` (default: every candidate file), by the rows
     measured with the file as it is now (``candidate_sha256``; rows of an edited file
@@ -141,7 +143,7 @@ def tier1_choice(
     from kb_nano.candidates import file_sha256
     from kb_nano.rows import geomean
 
-    columns = ["candidate", "candidate_sha256", "target", "model", "device", "status", "speedup"]
+    columns = ["candidate", "candidate_sha256", "target", "model", "device", "status", "speedup", "significant"]
     try:
         rows = pq.read_table(Path(root) / TIER1_RESULTS, columns=columns).to_pylist()
     except (OSError, ValueError, KeyError, pa.ArrowException):  # missing, unreadable, or without those columns
@@ -172,12 +174,23 @@ def tier1_choice(
         score = geomean(r["speedup"] for r in scored)
         target = current[cid][0]
         if score is not None and (target not in best or score > best[target]["geomean"]):
-            best[target] = {"id": cid, "geomean": score, "rows": len(scored)}
+            faster = sum(bool(r["significant"]) and r["speedup"] > 1 for r in scored)
+            best[target] = {"id": cid, "geomean": score, "rows": len(scored), "faster": faster}
     return best
 
 
+def _faster(choice: dict) -> bool:
+    """Whether a :func:`tier1_choice` entry beat the baseline: geometric-mean speedup above 1
+    and at least one row significantly faster (a mean above 1 from noise alone swaps in a
+    kernel no better than vLLM's)."""
+    return choice["geomean"] > 1.0 and choice["faster"] > 0
+
+
 def _scored(choice: dict) -> str:
-    return f"{choice['id']} ({choice['geomean']:.3g}x over {choice['rows']} rows)"
+    return (
+        f"{choice['id']} ({choice['geomean']:.3g}x over {choice['rows']} rows, "
+        f"{choice['faster']} significantly faster)"
+    )
 
 
 def describe_choice(root: Path, device: str, cands: list[CandidateRef], model_specs: list[str] | None) -> str:
@@ -187,7 +200,7 @@ def describe_choice(root: Path, device: str, cands: list[CandidateRef], model_sp
     ok, _ = applicable(root, device)
     used = used_targets(root, model_specs) if model_specs else None
     choice = tier1_choice(root, device, model_specs, [c for c in ok if used is None or c.target in used])
-    slower = [_scored(v) for t, v in sorted(choice.items()) if v["geomean"] <= 1.0]
+    slower = [_scored(v) for t, v in sorted(choice.items()) if not _faster(v)]
     left_out = f"; not faster than the baseline, left out: {', '.join(slower)}" if slower else ""
     if not cands:
         return (
@@ -209,14 +222,14 @@ def candidate_set(
     """The candidates of the non-baseline variant: ``requested`` ids/prefixes, or by
     default, per target that vLLM can swap and (with ``model_specs``) those models use,
     the candidate that passed Tier 1 fastest (:func:`tier1_choice`; none without Tier-1
-    results) when its geometric-mean speedup is above 1. Raises ``KbNanoError`` for an id that matches nothing, a candidate that
+    results) when it beat the baseline (:func:`_faster`). Raises ``KbNanoError`` for an id that matches nothing, a candidate that
     cannot be swapped into vLLM (with the reason), or two of one target."""
     ok, skipped = applicable(root, device)
     if not requested:
         used = used_targets(root, model_specs) if model_specs else None
         pool = [c for c in ok if used is None or c.target in used]
         choice = tier1_choice(root, device, model_specs, pool)
-        chosen = {v["id"] for v in choice.values() if v["geomean"] > 1.0}
+        chosen = {v["id"] for v in choice.values() if _faster(v)}
         return sorted((c for c in pool if c.id in chosen), key=lambda c: c.id)
     found = discover(root)
     reasons = {c.id: why for c, why in skipped}
