@@ -490,3 +490,46 @@ def test_fused_qkv_attention_modules_are_read_with_their_own_kv_heads_and_norms(
     )
     assert "num_key_value_heads" not in neox  # the config's (4: multi-head)
     assert [(k["scale"], k["layers"]) for k in neox["attention_layers"]["kinds"]] == [(0.25, 2)]
+
+
+def test_what_unseen_architectures_compute_is_read_not_assumed():
+    """Semantics of configs outside the vendored set, each once measured wrong or a
+    traceback: Bloom's ALiBi (not covered); DeepSeek-V3.2's MLA rotates interleaved pairs
+    although its config has no ``rope_interleave``; MiMo-V2-Flash's values are narrower than
+    its keys (not covered); Laguna rotates part of each head on its full layers only (the
+    layer type's own ``partial_rotary_factor``); Jamba has no rotary module and a Mamba
+    layer 0 (rotary and decoder_layer not covered, no traceback from its read-only
+    ``layer_types``)."""
+    from transformers import CONFIG_MAPPING, BloomConfig, DeepseekV32Config, JambaConfig
+
+    from kb_nano import operators
+    from kb_nano.operators.base import NotApplicable
+
+    bloom = read(BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=100).to_dict())
+    assert "ALiBi" in bloom["attention_layers"]["reason"]
+    v32 = DeepseekV32Config(
+        num_hidden_layers=2, hidden_size=256, num_attention_heads=4, q_lora_rank=64, kv_lora_rank=64,
+        qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, vocab_size=100, n_routed_experts=4,
+    )  # fmt: skip
+    turn = read(v32.to_dict())["rotary"]
+    assert turn["neox"] is False and turn["reason"] is None  # interleaved pairs
+    mimo = read(CONFIG_MAPPING["mimo_v2_flash"](num_hidden_layers=4).to_dict())
+    assert "values of 128 per head and queries/keys of 192" in mimo["attention_layers"]["reason"]
+    laguna = CONFIG_MAPPING["laguna"](num_hidden_layers=4).to_dict()
+    facts = {"hf_config": laguna, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 128}
+    facts |= {"partial_rotary_factor": 1.0, "max_position_embeddings": 4096, "dtype": "float32", **read(laguna)}
+    op = operators.get("rotary_embedding")
+    facts["rope"] = laguna["rope_parameters"]
+    dims = {kind: op.init_args({**facts, **over}, 1)["rotary_dim"] for kind, over in op.layer_kinds(facts)}
+    assert dims == {"full": 64, "sliding512": 128}
+    jamba = JambaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=100, num_experts=4,
+    ).to_dict()  # fmt: skip
+    got = read(jamba)
+    assert got["rotary_module"] is False
+    with pytest.raises(NotApplicable, match="no rotary_emb module"):
+        op.init_args({**facts, **got, "rope": {"rope_theta": 1e4}}, 1)
+    jamba_facts = {"hf_config": jamba, "model_type": "jamba", "hidden_size": 64, "dtype": "float32"}
+    with pytest.raises(NotApplicable, match="not covered"):
+        operators.get("decoder_layer").init_args({**jamba_facts, "num_attention_heads": 4}, 1)

@@ -114,3 +114,17 @@ def test_sliding_window_longer_than_window_is_not_applicable():
     assert op.inputs(args, {}, 1, 8, "bfloat16")
     with pytest.raises(NotApplicable, match="sliding_window=8"):
         op.inputs(args, {}, 1, 9, "bfloat16")
+
+
+def test_a_gemma3_decoder_layer_baseline_runs_with_its_layer_types_rotary(facts_of):
+    """Gemma-3's rotary module takes the layer's type (a theta per type): the baseline
+    passes it, where it once crashed (``forward() missing ... 'layer_type'``)."""
+    import torch
+
+    from kb_nano.operators.layers import DecoderLayer
+
+    op = operators.get("decoder_layer")
+    args = op.init_args(facts_of("gemma3-4b", hf_config=True), 4)
+    layer = DecoderLayer(**args)
+    out = layer(torch.randn(3, args["config"]["hidden_size"]), torch.arange(3))
+    assert out.shape == (3, args["config"]["hidden_size"]) and torch.isfinite(out).all()

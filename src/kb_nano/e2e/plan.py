@@ -188,8 +188,7 @@ def _faster(choice: dict) -> bool:
 
 def _scored(choice: dict) -> str:
     return (
-        f"{choice['id']} ({choice['geomean']:.3g}x over {choice['rows']} rows, "
-        f"{choice['faster']} significantly faster)"
+        f"{choice['id']} ({choice['geomean']:.3g}x over {choice['rows']} rows, {choice['faster']} significantly faster)"
     )
 
 

@@ -89,6 +89,39 @@ def kv_heads(lm: torch.nn.Module) -> int | None:
     return None
 
 
+def _unlike_heads(module: torch.nn.Module, kv_seen: set[int]) -> str | None:
+    """What the module's heads do beyond kb-nano's ``attention`` (one head size for q, k
+    and v; one KV head count for every layer), else None: a ``v_head_dim`` other than its
+    ``head_dim`` (MiMo-V2-Flash: values 128 wide, keys 192), or KV heads (``k_proj``'s
+    width over ``head_dim``) unlike an earlier layer's (``kv_seen``, updated here)."""
+    head_dim = getattr(module, "head_dim", None)
+    v_dim = getattr(module, "v_head_dim", None)
+    if isinstance(head_dim, int) and isinstance(v_dim, int) and v_dim != head_dim:
+        return f"has values of {v_dim} per head and queries/keys of {head_dim}"
+    k_proj = getattr(module, "k_proj", None)
+    if isinstance(head_dim, int) and head_dim > 0 and isinstance(k_proj, torch.nn.Linear):
+        kv_seen.add(k_proj.out_features // head_dim)
+        if len(kv_seen) > 1:
+            return f"layers differ in KV heads ({', '.join(map(str, sorted(kv_seen)))})"
+    return None
+
+
+def _alibi(module: torch.nn.Module) -> bool:
+    """Whether the attention module adds a position bias to its logits: its config's
+    ``alibi`` (Falcon, which passes ``alibi=None`` when it is off), else a ``forward`` that
+    takes an ``alibi`` or ``position_bias`` argument (Bloom, MPT: always)."""
+    import inspect
+
+    flag = getattr(getattr(module, "config", None), "alibi", None)
+    if flag is not None:
+        return bool(flag)
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "alibi" in params or "position_bias" in params
+
+
 def _scale(module: torch.nn.Module) -> float | None:
     """The softmax scale of the attention module: its ``scaling`` (transformers' common
     attribute) or Falcon's ``inv_norm_factor`` (``1 / sqrt(head_dim)``, the scale of
@@ -148,12 +181,13 @@ def attention_layers(lm: torch.nn.Module) -> dict:
 
     kinds: dict[tuple, dict] = {}
     probed: dict[type, str | None] = {}  # attention class -> sinks_reason
+    kv_seen: set[int] = set()  # KV heads of the layers so far (_unlike_heads)
     for module in attention_modules(lm):
         cls = type(module).__name__
         mla = mla_layer(module) if hasattr(module, "kv_a_proj_with_mqa") else None
         if isinstance(mla, str):
             return {"kinds": [], "reason": mla}
-        if getattr(getattr(module, "config", None), "alibi", False):
+        if _alibi(module):
             return {"kinds": [], "reason": f"not covered: {cls} adds an ALiBi position bias to the logits"}
         extra = sorted(
             n
@@ -164,7 +198,7 @@ def attention_layers(lm: torch.nn.Module) -> dict:
         if (extra or own) and mla is None:
             parts = [f"{n} ({type(getattr(module, n)).__name__})" for n in extra] + own
             return {"kinds": [], "reason": f"not covered: {cls} has {', '.join(parts)}"}
-        unlike = _unlike_attention(module)
+        unlike = _unlike_attention(module) or (None if mla else _unlike_heads(module, kv_seen))
         if unlike:
             return {"kinds": [], "reason": f"not covered: {cls} {unlike}"}
         sinks = isinstance(getattr(module, "sinks", None), torch.nn.Parameter)

@@ -311,7 +311,12 @@ def model_facts(config, ref: ModelRef) -> dict:
     hidden = int(need("hidden_size"))
     heads = int(need("num_attention_heads"))
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    try:
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+    except Exception as exc:  # (Gemma-4: a head_dim per layer type, ambiguous at the top level)
+        raise KbNanoError(
+            f"{ref.config_path}: not supported: transformers gives no single head_dim ({type(exc).__name__})"
+        ) from None
     dtype = getattr(config, "dtype", None) or "bfloat16"  # (transformers 5: torch_dtype is an alias of dtype)
     dtype = str(dtype).removeprefix("torch.")
     rope = dict(getattr(config, "rope_parameters", None) or {})

@@ -25,6 +25,7 @@ tested equal to (:mod:`kb_nano.models.ffn_tree`). The attention's rotation of q 
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 
@@ -36,7 +37,7 @@ from kb_nano.models.norm_tree import hidden_norm, layer_norm, qk_norm, residual_
 def read(config_fields: dict) -> dict:
     """What the model's own modules compute, from one meta-device build of it with every
     layer: ``{"hidden_norm", "residual_add", "layer_norm", "attention_layers", "qk_norm",
-    "mlp_blocks", "rotary", "lm_head_bias"}``, and ``num_key_value_heads`` where the
+    "mlp_blocks", "rotary", "rotary_module", "lm_head_bias"}``, and ``num_key_value_heads`` where the
     attention module keeps its own (:func:`kb_nano.models.attention_tree.kv_heads`; it
     replaces the config's reading) (:func:`hidden_norm`, :func:`residual_add`, :func:`layer_norm`,
     :func:`attention_layers`, ...). A config transformers cannot build gives each its
@@ -54,6 +55,7 @@ def read(config_fields: dict) -> dict:
             "qk_norm": None,
             "mlp_blocks": {"dense": [], "moe": {"class": None, "semantics": "", "reason": reason, "experts": None}},
             "rotary": None,
+            "rotary_module": None,
             "layer_norm": None,
             "residual_add": {"form": None, "reason": reason},
             "lm_head_bias": False,
@@ -66,6 +68,9 @@ def read(config_fields: dict) -> dict:
         "qk_norm": qk_norm(lm),
         "mlp_blocks": mlp_blocks(lm),
         "rotary": rotary(lm),
+        # a rotary module anywhere (the decoder's rotary_emb, or one per attention module): None in
+        # models without RoPE (OPT, Bloom, Jamba) and in Granite-4.0-H / Zamba2 configs that turn it off
+        "rotary_module": any(n.rsplit(".", 1)[-1] == "rotary_emb" and m is not None for n, m in lm.named_modules()),
         # an output bias on the logits (Phi-3.5-MoE's lm_head_bias; vLLM ParallelLMHead(bias=True))
         "lm_head_bias": getattr(lm.get_output_embeddings(), "bias", None) is not None,
         # the KV heads the attention computes with, where its module keeps them (Falcon)
@@ -105,10 +110,17 @@ def _mla_rotary(module: torch.nn.Module, modeling) -> dict:
     """The rotation of a multi-head latent attention module (DeepSeek-V3): the last
     ``qk_rope_head_dim`` of each query head and one key head shared by all of them, by
     interleaved pairs when its config's ``rope_interleave`` (transformers'
-    ``apply_rotary_pos_emb_interleave``), else by halves; probed as :func:`rotary` probes.
+    ``apply_rotary_pos_emb_interleave``; without that field, when its ``forward`` calls
+    that function: DeepSeek-V3.2), else by halves; probed as :func:`rotary` probes.
     Adds ``head_size`` (the rotated width) and ``shared_key`` (one key head) to its dict."""
     where, cls = type(module).__module__, type(module).__name__
-    interleave = bool(getattr(getattr(module, "config", None), "rope_interleave", False))
+    interleave = getattr(getattr(module, "config", None), "rope_interleave", None)
+    if interleave is None:  # a config without the switch (DeepSeek-V3.2): what its forward calls
+        try:
+            interleave = "apply_rotary_pos_emb_interleave(" in inspect.getsource(type(module).forward)
+        except (OSError, TypeError):
+            interleave = False
+    interleave = bool(interleave)
     name = "apply_rotary_pos_emb_interleave" if interleave else "apply_rotary_pos_emb"
     apply = getattr(modeling, name, None)
     neox = not interleave and rotates_halves(apply)

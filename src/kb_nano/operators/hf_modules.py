@@ -71,13 +71,22 @@ def hf_config(
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
         raise NotApplicable(f"transformers has no config class for model_type {model_type!r}")
-    # deep copy: transformers edits nested fields in place (adds rope_theta to rope_scaling)
-    with quiet_transformers():
-        cfg = CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(config))
+    cls = CONFIG_MAPPING[model_type]
+    # deep copy: transformers edits nested fields in place (adds rope_theta to rope_scaling);
+    # floats JSON cannot hold ({"__float__": "Infinity"}) decoded as AutoConfig decodes them
+    fields = cls._decode_special_floats(copy.deepcopy(config))
+    try:
+        with quiet_transformers():
+            cfg = cls.from_dict(fields)
+    except Exception as exc:  # transformers' validation: one line, not a traceback
+        detail = " ".join(str(exc).split())[:200]
+        raise NotApplicable(
+            f"not covered: transformers cannot build {cls.__name__} ({type(exc).__name__}: {detail})"
+        ) from None
     if num_hidden_layers is not None:
-        cfg.num_hidden_layers = int(num_hidden_layers)
+        _set(cfg, "num_hidden_layers", int(num_hidden_layers))
         if getattr(cfg, "layer_types", None):
-            cfg.layer_types = list(cfg.layer_types)[: cfg.num_hidden_layers]
+            _set(cfg, "layer_types", list(cfg.layer_types)[: cfg.num_hidden_layers])
     shard_config(cfg, tp_size)
     cfg._attn_implementation = attn_implementation
     cfg.dtype = torch.float32

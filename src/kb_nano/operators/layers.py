@@ -34,6 +34,8 @@ Conventions shared by both:
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from kb_nano.operators.base import (
@@ -120,11 +122,15 @@ class DecoderLayer(_Wrapper):
         self.init_args = {"config": dict(config), "layer_idx": layer_idx, "tp_size": tp_size}
         self._adopt(layer.eval())
         self.rotary_emb = rotary  # non-persistent buffers only: not in the state dict
+        # a rotary module with parameters per layer type (Gemma-3, Laguna) takes the layer's type
+        types = getattr(cfg, "layer_types", None) or []
+        takes_type = "layer_type" in inspect.signature(rotary.forward).parameters
+        self._rotary_kwargs = {"layer_type": types[layer_idx]} if takes_type and layer_idx < len(types) else {}
 
     def forward(self, hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = hidden_states.unsqueeze(0)
         position_ids = positions.reshape(1, -1)
-        cos, sin = self.rotary_emb(x, position_ids)
+        cos, sin = self.rotary_emb(x, position_ids, **self._rotary_kwargs)
         out = self._inner(
             x,
             attention_mask=_causal_mask(self.hf_config, x),
@@ -202,6 +208,16 @@ def _layer_init_args(facts: dict, tp: int) -> dict:
             f"one tp={tp} layer has {params / 1e6:.0f}e6 parameters, more than "
             f"LAYER_MAX_PARAMS={LAYER_MAX_PARAMS / 1e6:g}e6 (kb_nano.operators.layers)"
         )
+    counts = _param_counts(cfg)
+    if not counts["rotary"]:  # (OPT, Zamba2, NoPE Granite-4.0-H: no decoder-level rotary module)
+        raise NotApplicable(
+            "not covered: the decoder has no rotary_emb module; kb-nano's decoder_layer gives the layer "
+            "its rotary cos/sin"
+        )
+    if not counts["layer0_attention"]:  # (Jamba's Mamba, Lfm2's conv, Qwen3-Next's linear attention)
+        raise NotApplicable(
+            f"not covered: layer 0 is not a self-attention layer (it has {', '.join(counts['layer0_children'])})"
+        )
     return {"config": config, "layer_idx": 0, "tp_size": tp}
 
 
@@ -258,8 +274,10 @@ _PARAM_COUNTS: dict = {}
 def _count_params(cfg) -> dict:
     """Parameter counts of the transformers model of ``cfg`` built on the meta device:
     ``layer`` (one decoder layer), ``expert_fraction`` (share of a layer's parameters in
-    routed experts), ``top_k``/``num_experts``, ``embedding``, ``lm_head`` (0 when tied) and
-    ``total``."""
+    routed experts), ``top_k``/``num_experts``, ``embedding``, ``lm_head`` (0 when tied),
+    ``total``, and what the ``decoder_layer`` baseline needs: ``rotary`` (the decoder has a
+    ``rotary_emb`` module), ``layer0_attention`` (layer 0 has a ``self_attn``,
+    ``attention`` or ``self_attention`` child) and ``layer0_children`` (its child names)."""
     lm = _meta_causal_lm(cfg)
     # the decoder's layers (get_decoder() is the whole model for some classes: Llama-4)
     layers = next(
@@ -284,6 +302,9 @@ def _count_params(cfg) -> dict:
         "lm_head": lm_head,
         "head_out": head.weight.shape[0] if head is not None else 0,
         "total": sum(p.numel() for p in lm.parameters()),  # tied parameters counted once
+        "rotary": getattr(lm.get_decoder(), "rotary_emb", None) is not None,
+        "layer0_attention": any(hasattr(layer, n) for n in ("self_attn", "attention", "self_attention")),
+        "layer0_children": list(dict(layer.named_children())),
     }
 
 

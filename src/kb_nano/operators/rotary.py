@@ -290,6 +290,11 @@ def _layer_kinds(facts: dict) -> list[tuple[str, dict]]:
 def _init_args(facts: dict, tp: int) -> dict:
     shard(facts["num_attention_heads"], tp, "num_attention_heads")
     kv_heads_per_rank(facts["num_key_value_heads"], tp)
+    if facts.get("rotary_module") is False:  # (module tree: read() found no rotary_emb module)
+        raise NotApplicable(
+            "not covered: the model has no rotary_emb module (it applies no RoPE, or applies it in a way "
+            "kb-nano does not read)"
+        )
     rope = dict(facts["rope"])
     if "rope_theta" not in rope:  # transformers' per-layer-type parameters (Gemma-3: full and sliding layers)
         raise NotApplicable(
@@ -305,7 +310,8 @@ def _init_args(facts: dict, tp: int) -> dict:
         raise NotApplicable(turn["reason"])
     neox = turn is None or turn["neox"]
     head_dim = facts["head_dim"]
-    rotary_dim = int(head_dim * facts["partial_rotary_factor"])
+    # a layer type's own factor (Laguna, Zaya: in rope_parameters[layer_type]) before the model's
+    rotary_dim = int(head_dim * float(rope.get("partial_rotary_factor") or facts["partial_rotary_factor"]))
     if turn is not None and turn.get("head_size"):  # MLA: the rope slice of each head is all that turns
         head_dim = rotary_dim = turn["head_size"]
     positions = int(facts["max_position_embeddings"])
