@@ -499,7 +499,7 @@ def test_what_unseen_architectures_compute_is_read_not_assumed():
     its keys (not covered); Laguna rotates part of each head on its full layers only (the
     layer type's own ``partial_rotary_factor``); Jamba has no rotary module and a Mamba
     layer 0 (rotary and decoder_layer not covered, no traceback from its read-only
-    ``layer_types``)."""
+    ``layer_types``); OPT-350m's embedding and lm_head are narrower than hidden_size."""
     from transformers import CONFIG_MAPPING, BloomConfig, DeepseekV32Config, JambaConfig
 
     from kb_nano import operators
@@ -530,6 +530,13 @@ def test_what_unseen_architectures_compute_is_read_not_assumed():
     assert got["rotary_module"] is False
     with pytest.raises(NotApplicable, match="no rotary_emb module"):
         op.init_args({**facts, **got, "rope": {"rope_theta": 1e4}}, 1)
+    from transformers import OPTConfig
+
+    opt = read(OPTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+                         vocab_size=100, word_embed_proj_dim=32).to_dict())  # fmt: skip
+    opt_facts = {**opt, "vocab_size": 100, "hidden_size": 64, "dtype": "float32"}
+    assert operators.get("embedding").init_args(opt_facts, 1)["embedding_dim"] == 32  # OPT-350m's narrow rows
+    assert operators.get("lm_head").init_args(opt_facts, 1)["embedding_dim"] == 32
     jamba_facts = {"hf_config": jamba, "model_type": "jamba", "hidden_size": 64, "dtype": "float32"}
     with pytest.raises(NotApplicable, match="not covered"):
         operators.get("decoder_layer").init_args({**jamba_facts, "num_attention_heads": 4}, 1)

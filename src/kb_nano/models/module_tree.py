@@ -37,7 +37,8 @@ from kb_nano.models.norm_tree import hidden_norm, layer_norm, qk_norm, residual_
 def read(config_fields: dict) -> dict:
     """What the model's own modules compute, from one meta-device build of it with every
     layer: ``{"hidden_norm", "residual_add", "layer_norm", "attention_layers", "qk_norm",
-    "mlp_blocks", "rotary", "rotary_module", "lm_head_bias"}``, and ``num_key_value_heads`` where the
+    "mlp_blocks", "rotary", "rotary_module", "lm_head_bias", "embedding_dim",
+    "lm_head_in"}``, and ``num_key_value_heads`` where the
     attention module keeps its own (:func:`kb_nano.models.attention_tree.kv_heads`; it
     replaces the config's reading) (:func:`hidden_norm`, :func:`residual_add`, :func:`layer_norm`,
     :func:`attention_layers`, ...). A config transformers cannot build gives each its
@@ -68,6 +69,9 @@ def read(config_fields: dict) -> dict:
         "qk_norm": qk_norm(lm),
         "mlp_blocks": mlp_blocks(lm),
         "rotary": rotary(lm),
+        # the widths of the input embedding and of the lm_head's input (OPT's word_embed_proj_dim:
+        # narrower than hidden_size, projected in and out)
+        **_embedding_widths(lm),
         # a rotary module anywhere (the decoder's rotary_emb, or one per attention module): None in
         # models without RoPE (OPT, Bloom, Jamba) and in Granite-4.0-H / Zamba2 configs that turn it off
         "rotary_module": any(n.rsplit(".", 1)[-1] == "rotary_emb" and m is not None for n, m in lm.named_modules()),
@@ -76,6 +80,18 @@ def read(config_fields: dict) -> dict:
         # the KV heads the attention computes with, where its module keeps them (Falcon)
         **({"num_key_value_heads": kv} if (kv := kv_heads(lm)) else {}),
     }
+
+
+def _embedding_widths(lm: torch.nn.Module) -> dict:
+    """``{"embedding_dim", "lm_head_in"}``: the width of the input embedding's rows and of
+    the lm_head's input, from their weights (either left out when the module is absent)."""
+    out = {}
+    emb, head = lm.get_input_embeddings(), lm.get_output_embeddings()
+    if isinstance(getattr(emb, "weight", None), torch.Tensor) and emb.weight.dim() == 2:
+        out["embedding_dim"] = int(emb.weight.shape[1])
+    if isinstance(getattr(head, "weight", None), torch.Tensor) and head.weight.dim() == 2:
+        out["lm_head_in"] = int(head.weight.shape[1])
+    return out
 
 
 def rotary(lm: torch.nn.Module) -> dict | None:

@@ -57,7 +57,8 @@ def _init_args(facts: dict, tp: int) -> dict:
     # vLLM splits the padded vocabulary evenly (``vocab_range_from_global_vocab_size``
     # asserts divisibility); a TP that does not divide it is not a valid deployment.
     shard(pad_vocab_size(facts["vocab_size"]), tp, "padded vocab_size")
-    return {"num_embeddings": facts["vocab_size"], "embedding_dim": facts["hidden_size"], "tp_size": tp, "tp_rank": 0}
+    width = facts.get("embedding_dim") or facts["hidden_size"]  # the module's own (OPT: narrower)
+    return {"num_embeddings": facts["vocab_size"], "embedding_dim": width, "tp_size": tp, "tp_rank": 0}
 
 
 def _inputs(args, facts, tp, num_tokens, dtype):
@@ -81,5 +82,6 @@ OPERATORS = {
         inputs=_inputs,
         traffic=_traffic,
         used_in="model.embed_tokens",
+        reads_module_tree=True,  # (the embedding's own width)
     ),
 }

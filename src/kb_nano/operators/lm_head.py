@@ -94,7 +94,7 @@ def _init_args(facts: dict, tp: int) -> dict:
     shard(pad_vocab_size(facts["vocab_size"]), tp, "padded vocab_size")
     return {
         "num_embeddings": facts["vocab_size"],
-        "embedding_dim": facts["hidden_size"],
+        "embedding_dim": facts.get("lm_head_in") or facts["hidden_size"],  # the module's own (OPT: narrower)
         "params_dtype": facts["dtype"],
         "tp_size": tp,
         "tp_rank": 0,
