@@ -434,8 +434,12 @@ def test_fused_add_rms_norm_only_where_the_residual_is_added_before_the_norm():
     assert not op.applies_to({**TINY, **olmo})
     granite = read(GraniteConfig(**TINY, residual_multiplier=0.22).to_dict())
     assert granite["residual_add"]["form"] == "scaled" and op.applies_to({**TINY, **granite})
-    with pytest.raises(NotApplicable, match=r"residual_multiplier \(0.22\)"):
+    with pytest.raises(NotApplicable, match=r"residual_multiplier, 0.22\)"):
         op.init_args({**TINY, **granite}, 1)
+    from transformers import CONFIG_MAPPING
+
+    minicpm3 = read(CONFIG_MAPPING["minicpm3"](num_hidden_layers=2).to_dict())  # residual + h * scale_depth / sqrt(L)
+    assert minicpm3["residual_add"]["form"] == "scaled" and "scale_depth" in minicpm3["residual_add"]["reason"]
 
 
 def test_a_layernorm_subclass_with_its_own_forward_is_not_covered():

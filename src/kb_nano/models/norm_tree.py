@@ -22,19 +22,28 @@ def residual_add(config_fields: dict, lm: torch.nn.Module) -> dict:
     ``fused_add_rms_norm``); ``"post_norm"`` when it has none (Olmo-2, Exaone-4: each
     norm runs on a sublayer's output and the residual is added after it, no fused add);
     ``"scaled"`` when the config scales the sublayer's output before the add
-    (``residual_multiplier``, Granite: ``residual + h * m``, which vLLM adds in torch
-    before a plain RMSNorm). ``reason`` says why for the last two."""
+    (:data:`RESIDUAL_SCALES`; Granite: ``residual + h * m``, which vLLM adds in torch
+    before a plain RMSNorm). A pre-norm layer's first norm is one of :data:`PRE_NORM_NAMES`. ``reason`` says why for the last two."""
     layer = first_decoder_layer(lm)
     if layer is None:
         return {"form": "pre_norm", "reason": None}
     cls = type(layer).__name__
-    if "input_layernorm" not in dict(layer.named_children()):
+    if not set(dict(layer.named_children())) & set(PRE_NORM_NAMES):
         return {"form": "post_norm", "reason": f"{cls} has no input_layernorm: its residual is added after each norm"}
-    scale = config_fields.get("residual_multiplier")
-    if isinstance(scale, int | float) and float(scale) != 1.0:
-        reason = f"not covered: {cls} adds residual + h * residual_multiplier ({scale}) before its norm"
-        return {"form": "scaled", "reason": reason}
+    for field in RESIDUAL_SCALES:
+        scale = config_fields.get(field)
+        if isinstance(scale, int | float) and float(scale) != 1.0:
+            reason = f"not covered: {cls} adds residual + h * (its {field}, {scale}) before its norm"
+            return {"form": "scaled", "reason": reason}
     return {"form": "pre_norm", "reason": None}
+
+
+# The names of a pre-norm layer's norm before its attention: Llama's ``input_layernorm``,
+# Apertus' ``attention_layernorm``, Lfm2's ``operator_norm``
+PRE_NORM_NAMES = ("input_layernorm", "attention_layernorm", "operator_norm")
+# config fields that scale a sublayer's output before the residual add: Granite's
+# ``residual_multiplier``, MiniCPM's ``scale_depth`` (times 1 / sqrt(num_hidden_layers))
+RESIDUAL_SCALES = ("residual_multiplier", "scale_depth")
 
 
 def layer_norm(config_fields: dict, lm: torch.nn.Module) -> dict | None:
