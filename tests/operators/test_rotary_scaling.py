@@ -144,6 +144,17 @@ def test_longrope_short_context_uses_the_short_factors(tmp_path):
     torch.testing.assert_close(ours.cos_sin_cache[[0, 4095], :64], want, rtol=0, atol=1e-6)
 
 
+def test_longrope_attention_factor_scales_cos_sin_as_transformers_does(tmp_path):
+    """A longrope config with ``attention_factor`` and no ``long_mscale``/``short_mscale``:
+    cos/sin are multiplied by that factor (transformers' ``_compute_longrope_parameters``),
+    not by the default from the context ratio."""
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32}
+    rope |= {"original_max_position_embeddings": 2048, "attention_factor": 1.3}
+    args, cfg = _llama_with_rope(tmp_path, rope)
+    _, scaling = ROPE_INIT_FUNCTIONS["longrope"](cfg)
+    assert _fp32(args).attention_scaling() == pytest.approx(scaling) == pytest.approx(1.3)
+
+
 def _llama_with_rope(tmp_path, rope: dict, max_positions: int = 8192):
     raw = json.loads((MODELS / "meta-llama/Llama-3.2-1B-Instruct/config.json").read_text())
     raw["rope_scaling"] = rope

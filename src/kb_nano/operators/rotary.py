@@ -21,8 +21,10 @@ cos/sin scaling of the vLLM class ``get_rope`` builds for it (vLLM 0.32):
   ``long_factor`` and cos/sin multiplied by ``long_mscale`` when the context length
   (``max_position_embeddings``, vLLM's default ``max_model_len``) exceeds
   ``original_max_position_embeddings``, for every position; ``short_factor`` and
-  ``short_mscale`` otherwise. The mscale defaults to ``sqrt(1 + ln(s) / ln(original))``,
-  ``s = max_position_embeddings / original_max_position_embeddings``.
+  ``short_mscale`` otherwise. The mscale defaults to ``attention_factor`` (transformers),
+  else ``sqrt(1 + ln(s) / ln(original))``, ``s = max_position_embeddings /
+  original_max_position_embeddings`` (vLLM's ratio; transformers takes ``factor`` for
+  ``s`` when the config has one).
 
 Tests check each against transformers' rotary modules.
 """
@@ -220,6 +222,8 @@ class RotaryEmbedding(nn.Module):
             return float(yarn_mscale(factor))
         if self.rope_type == "longrope":
             chosen = self.rope_scaling.get("long_mscale" if self._long_rope() else "short_mscale")
+            if chosen is None:  # transformers' explicit factor (_compute_longrope_parameters)
+                chosen = self.rope_scaling.get("attention_factor")
             if chosen is not None:
                 return float(chosen)
             orig = self._field("original_max_position_embeddings")
