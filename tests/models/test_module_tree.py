@@ -413,7 +413,12 @@ def test_a_q_k_norm_over_the_whole_projection_is_not_covered():
 
     fields = Olmo2Config(**TINY, pad_token_id=None).to_dict()
     got = read(fields)["qk_norm"]
-    assert got["weight_offset"] is None and "whole q/k projection (weights [64] and [32])" in got["reason"]
+    assert got["weight_offset"] is None and "whole q/k projection" in got["reason"]
+    assert "(weights [64] and [32])" in got["reason"]
+    from transformers import CohereConfig
+
+    cohere = read(CohereConfig(**TINY, use_qk_norm=True, pad_token_id=None).to_dict())["qk_norm"]
+    assert "a weight of its own for each head (weights [4, 16] and [2, 16])" in cohere["reason"]
 
 
 def test_fused_add_rms_norm_only_where_the_residual_is_added_before_the_norm():

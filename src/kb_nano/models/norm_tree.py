@@ -110,9 +110,13 @@ def qk_norm(lm: torch.nn.Module) -> dict | None:
             sizes = [getattr(getattr(n, "weight", None), "shape", None) for n in (norm, module.k_norm)]
             if isinstance(head_dim, int) and any(s is not None and tuple(s) != (head_dim,) for s in sizes):
                 shown = " and ".join(f"[{', '.join(map(str, s))}]" for s in sizes if s is not None)
+                if any(s is not None and len(s) == 2 and s[-1] == head_dim for s in sizes):  # Cohere
+                    what = "has a weight of its own for each head"
+                else:
+                    what = "normalises the whole q/k projection, not each head (Olmo-2's form)"
                 reason = (
-                    f"not covered: {cls} normalises the whole q/k projection (weights {shown}), not each "
-                    f"head of {head_dim} (Olmo-2's form); kb-nano's qk_norm is per head"
+                    f"not covered: {cls} {what} (weights {shown}); kb-nano's qk_norm shares one "
+                    f"[{head_dim}] weight across the heads"
                 )
                 return {"class": cls, "weight_offset": None, "reason": reason}
             offset = norm_offset(norm, weight.shape[0]) if isinstance(weight, torch.Tensor) else None
