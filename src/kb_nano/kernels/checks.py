@@ -324,3 +324,15 @@ class ThreadWatch:
                     f"thread {self.names[tid]!r}, running when the call returned, {how}: work outside the timing",
                 )
         return None
+
+
+def freeze(specs: list[dict], ins: list[torch.Tensor], outs: list, op, start: int, stop: int) -> dict:
+    """Copies of the candidate's slots ``start:stop`` as a batch left them: every output
+    (``outs``, ``[k, ...]`` tensors or None) and each input of ``ins`` (``[k, ...]``, in
+    ``specs`` order) that ``op`` may not write (``op.mutable_inputs``; None for those).
+    The judge checks these, so what the worker does after the batch cannot change what is
+    checked. Returns ``{"sl": (start, stop), "ins", "outs"}``."""
+    sl = slice(start, stop)
+    outs = [None if o is None else o[sl].clone() for o in outs]
+    ins = [None if s["name"] in op.mutable_inputs else t[sl].clone() for s, t in zip(specs, ins)]
+    return {"sl": (start, stop), "ins": ins, "outs": outs}

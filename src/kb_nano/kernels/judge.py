@@ -16,7 +16,8 @@ use while the baseline runs, and alone writes the (signed) shard. Steps:
 3. Warm-up, then blocks until the interval is narrow enough (:mod:`kb_nano.kernels.blocks`):
    per block an ABAB pair of batches per timer (eager; on CUDA also the CUPTI kernel
    timer and a CUDA-graph replay), each batch one call per slot on new values; every
-   output compared; the candidate's slots compared with the judge's copy.
+   output compared (as the batch left it, before the worker's rules run); the candidate's
+   slots compared with the judge's copy.
 4. The judge's clock around each batch against the times the worker reported
    (:func:`kb_nano.kernels.blocks.hidden_ms`; CPU: the eager batches, CUDA: the graph replays, whose batches are
    all device time), and the timers against each other (:mod:`kb_nano.kernels.measure`).
@@ -33,7 +34,7 @@ import torch
 
 from kb_nano import operators
 from kb_nano.kernels import blocks, timing
-from kb_nano.kernels.checks import same_bits
+from kb_nano.kernels.checks import freeze, same_bits
 from kb_nano.kernels.compare import compare, spec_mismatch, tolerance
 from kb_nano.kernels.inputs import Refresher, apply_edge_case, generator, make_inputs, param_seed
 from kb_nano.kernels.pool import Pool, WorkerHandle
@@ -76,6 +77,7 @@ class Measurement:
         self.source = "random"
         self.worst = [0.0, 0.0, 0.0]  # max_abs_err, max_rel_err, tolerance_used
         self.compared = False  # whether any output was compared (rows of earlier failures carry no error)
+        self.frozen: dict | None = None  # the candidate's slots as its last batch left them (freeze)
         self.shared: list[SharedTensors] = []
         self.phases: dict[str, float] = {}  # seconds per step (prepare, measure._run), for the job log
         self.clock = blocks.SmClock(device)
@@ -187,15 +189,19 @@ class Measurement:
         candidate's read-only inputs against the judge's copy."""
         self._sync()
         allowed = self.op.mutable_inputs
-        for spec, t, s in zip(self.specs, self.ins["cand"], self.src):
-            if spec["name"] not in allowed and not same_bits(t[sl], s[sl]):
+        frozen, self.frozen = self.frozen, None
+        if frozen is not None and frozen["sl"] == (sl.start, sl.stop):  # what the batch left (batch)
+            ins, outs = frozen["ins"], frozen["outs"]
+        else:
+            ins, outs = [t[sl] for t in self.ins["cand"]], [None if o is None else o[sl] for o in self.outs["cand"]]
+        for spec, t, s in zip(self.specs, ins, self.src):
+            if spec["name"] not in allowed and not same_bits(t, s[sl]):
                 raise Verdict(
                     "input_mutated",
                     f"{when}: the call changed input {spec['name']!r}; "
                     f"this operator may write {', '.join(allowed) or 'no input'}",
                 )
         refs = [None if o is None else o[sl] for o in self.outs["base"]]
-        outs = [None if o is None else o[sl] for o in self.outs["cand"]]
         status, error, *errs = compare(refs, outs, self.atol, self.rtol)
         if status != "passed":
             raise Verdict(status, f"{when}: {error}", **dict(zip(ERROR_FIELDS, errs)))
@@ -242,6 +248,9 @@ class Measurement:
         reply = ask(worker, msg, self.deadline)
         elapsed = (timing.now_ns() - t0) / 1e6
         if worker is self.cand and mode != "warmup" and "graph_error" not in reply:
+            # checked as the batch left them: work in the rules (a replaced check) writes nothing read
+            self._sync()
+            self.frozen = freeze(self.specs, self.ins["cand"], self.outs.get("cand", []), self.op, start, stop)
             ask(worker, {"cmd": "check"}, self.deadline)  # the worker's rules, outside the clock
         return reply, elapsed
 
