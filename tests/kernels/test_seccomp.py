@@ -1,6 +1,7 @@
 """The candidate worker's seccomp filter (:mod:`kb_nano.kernels.seccomp`): no new
 ``SIGCHLD`` action (an ignored ``SIGCHLD`` would have the kernel reap exited helpers
-uncounted), in the process, its threads and what it starts; everything else as before."""
+uncounted) and no new unix or IP socket (a tmux or D-Bus server outside the sandbox), in
+the process, its threads and what it starts; everything else as before."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # other signals are the candidate
 print(subprocess.run(["sh", "-c", "sleep 0.05; echo shell"], capture_output=True, text=True).stdout.strip())
 child = "import signal; signal.signal(signal.SIGCHLD, signal.SIG_IGN)"
 print(subprocess.run([sys.executable, "-c", child], capture_output=True).returncode)  # inherited
+import socket
+for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6):
+    try:
+        socket.socket(family, socket.SOCK_STREAM).close()
+        print("allowed")
+    except PermissionError:
+        print("refused")
+a, b = socket.socketpair()  # connected to nothing outside: allowed
+print(a.send(b"x") + b.recv(1)[0] - ord("x"))
+socket.socket(socket.AF_NETLINK, socket.SOCK_RAW).close()  # glibc's interface queries
+print("netlink")
 """
 
 
@@ -36,12 +48,14 @@ print(subprocess.run([sys.executable, "-c", child], capture_output=True).returnc
 def test_the_filter_refuses_new_sigchld_actions_only():
     proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[:7] == ["seccomp sigchld", "refused", "refused", "refused", "True", "shell", "1"]
+    want = ["seccomp sigchld, sockets", "refused", "refused", "refused", "True", "shell", "1"]
+    want += ["refused", "refused", "refused", "1", "netlink"]  # new unix / IP sockets; a socketpair
+    assert proc.stdout.split("\n")[:12] == want
 
 
 def test_the_program_jumps_stay_inside_it():
     """Every jump of the BPF program lands on an instruction, and it ends in returns."""
-    code = program(0xC000003E, 13)
+    code = program(0xC000003E, 13, 41)
     for i, (op, jt, jf, _) in enumerate(code):
         if op in (0x15, 0x35):
             assert i + 1 + max(jt, jf) < len(code)

@@ -1,5 +1,5 @@
 """A seccomp filter for the candidate's worker: no process of it may change what its
-exited children do on ``SIGCHLD``.
+exited children do on ``SIGCHLD``, or open a new unix or IP socket.
 
 A parent that ignores ``SIGCHLD`` (``SIG_IGN``) or sets ``SA_NOCLDWAIT`` has its exited
 children reaped by the kernel at once: their CPU time then reaches no process's
@@ -11,6 +11,13 @@ filtered instead: ``rt_sigaction(SIGCHLD, act, ...)`` with a new action fails wi
 ``EPERM`` (reading the action, ``act`` NULL, stays allowed); so does every system call
 of another ABI (x86_64's i386 ``int 0x80`` and x32 calls), which the filter could not
 read. Compilers that reset ``SIGCHLD`` to its default (gcc's driver) ignore the error.
+
+Sockets: Landlock (ABI 7 and below) does not mediate ``connect()`` to a pathname unix
+socket, so a candidate could ask a service outside the sandbox to act for it (a tmux
+server through ``$TMUX``, the D-Bus session bus, a docker socket) or reach a local TCP
+service. ``socket(AF_UNIX | AF_INET | AF_INET6, ...)`` fails with ``EPERM``; the worker's
+own connection to the judge was made before the filter, and netlink (glibc's interface
+queries) stays allowed.
 
 The filter is a classic BPF program for ``seccomp(SECCOMP_SET_MODE_FILTER,
 SECCOMP_FILTER_FLAG_TSYNC)`` (every thread of the process, and every process it starts,
@@ -28,8 +35,13 @@ import os
 import platform
 import signal
 
-# audit arch, rt_sigaction, seccomp: per architecture
-_ARCH = {"x86_64": (0xC000003E, 13, 317), "aarch64": (0xC00000B7, 134, 277), "arm64": (0xC00000B7, 134, 277)}
+# audit arch, rt_sigaction, seccomp, socket: per architecture
+_ARCH = {
+    "x86_64": (0xC000003E, 13, 317, 41),
+    "aarch64": (0xC00000B7, 134, 277, 198),
+    "arm64": (0xC00000B7, 134, 277, 198),
+}
+_AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10  # include/linux/socket.h
 # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_RET|BPF_K
 _LD_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
@@ -47,7 +59,7 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def program(audit_arch: int, nr_rt_sigaction: int) -> list[tuple[int, int, int, int]]:
+def program(audit_arch: int, nr_rt_sigaction: int, nr_socket: int) -> list[tuple[int, int, int, int]]:
     """The filter as ``(code, jt, jf, k)`` instructions (jumps relative to the next one)."""
     return [
         (_LD_ABS, 0, 0, _AUDIT_ARCH),
@@ -56,7 +68,7 @@ def program(audit_arch: int, nr_rt_sigaction: int) -> list[tuple[int, int, int, 
         (_LD_ABS, 0, 0, _NR),
         (_JGE, 0, 1, _X32),  # -> 5 | 6
         (_RET, 0, 0, _ERRNO),  # an x32 call
-        (_JEQ, 0, 6, nr_rt_sigaction),  # -> 7 | 13
+        (_JEQ, 0, 8, nr_rt_sigaction),  # -> 7 | 15
         (_LD_ABS, 0, 0, _ARG0_LO),
         (_JEQ, 0, 4, int(signal.SIGCHLD)),  # -> 9 | 13
         (_LD_ABS, 0, 0, _ARG1_LO),
@@ -65,18 +77,25 @@ def program(audit_arch: int, nr_rt_sigaction: int) -> list[tuple[int, int, int, 
         (_JEQ, 0, 1, 0),  # -> 13 | 14
         (_RET, 0, 0, _ALLOW),
         (_RET, 0, 0, _ERRNO),  # a new SIGCHLD action
+        (_JEQ, 0, 4, nr_socket),  # 15: -> 16 | 20
+        (_LD_ABS, 0, 0, _ARG0_LO),  # the domain
+        (_JEQ, 3, 0, _AF_UNIX),  # -> 21 | 18
+        (_JEQ, 2, 0, _AF_INET),  # -> 21 | 19
+        (_JEQ, 1, 0, _AF_INET6),  # -> 21 | 20
+        (_RET, 0, 0, _ALLOW),
+        (_RET, 0, 0, _ERRNO),  # a new unix or IP socket
     ]
 
 
 def deny_sigchld_changes() -> str:
     """Install the filter on this process (all its threads) and whatever it starts.
-    Returns ``"seccomp sigchld"`` for the row's ``sandbox`` column, or ``"no seccomp:
+    Returns ``"seccomp sigchld, sockets"`` for the row's ``sandbox`` column, or ``"no seccomp:
     <reason>"`` when the architecture or kernel has none (nothing changed). Sets
     ``no_new_privs`` (the Landlock sandbox has already). Never raises."""
     arch = _ARCH.get(platform.machine())
     if arch is None:
         return f"no seccomp: unsupported architecture {platform.machine()}"
-    code = program(arch[0], arch[1])
+    code = program(arch[0], arch[1], arch[3])
     filters = (_SockFilter * len(code))(*[_SockFilter(*ins) for ins in code])
     prog = _SockFprog(len(code), filters)
     try:
@@ -90,4 +109,4 @@ def deny_sigchld_changes() -> str:
             return f"no seccomp: {os.strerror(ctypes.get_errno())}"
     except (OSError, AttributeError) as exc:
         return f"no seccomp: {exc}"
-    return "seccomp sigchld"
+    return "seccomp sigchld, sockets"
