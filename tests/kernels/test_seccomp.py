@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
-from kb_nano.kernels.seccomp import program
+from kb_nano.kernels.seccomp import program, socket_program
 
 CHECK = """
 import os, signal, subprocess, sys, threading, time
-from kb_nano.kernels.seccomp import deny_sigchld_changes
+from kb_nano.kernels.seccomp import deny_new_sockets, deny_sigchld_changes
 other = threading.Thread(target=time.sleep, args=(0.5,))
 other.start()  # a thread that exists before: the filter covers it too (TSYNC)
-print(deny_sigchld_changes())
+print(deny_sigchld_changes() + ", " + deny_new_sockets())
 for action in (signal.SIG_IGN, signal.SIG_DFL, lambda *a: None):
     try:
         signal.signal(signal.SIGCHLD, action)
@@ -55,8 +55,8 @@ def test_the_filter_refuses_new_sigchld_actions_only():
 
 def test_the_program_jumps_stay_inside_it():
     """Every jump of the BPF program lands on an instruction, and it ends in returns."""
-    code = program(0xC000003E, 13, 41)
-    for i, (op, jt, jf, _) in enumerate(code):
-        if op in (0x15, 0x35):
-            assert i + 1 + max(jt, jf) < len(code)
-    assert code[-1][0] == code[-2][0] == 0x06
+    for code in (program(0xC000003E, 13), socket_program(0xC000003E, 41)):
+        for i, (op, jt, jf, _) in enumerate(code):
+            if op in (0x15, 0x35):
+                assert i + 1 + max(jt, jf) < len(code)
+        assert code[-1][0] == code[-2][0] == 0x06

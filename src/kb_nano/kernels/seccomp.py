@@ -59,7 +59,7 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def program(audit_arch: int, nr_rt_sigaction: int, nr_socket: int) -> list[tuple[int, int, int, int]]:
+def program(audit_arch: int, nr_rt_sigaction: int) -> list[tuple[int, int, int, int]]:
     """The filter as ``(code, jt, jf, k)`` instructions (jumps relative to the next one)."""
     return [
         (_LD_ABS, 0, 0, _AUDIT_ARCH),
@@ -68,7 +68,7 @@ def program(audit_arch: int, nr_rt_sigaction: int, nr_socket: int) -> list[tuple
         (_LD_ABS, 0, 0, _NR),
         (_JGE, 0, 1, _X32),  # -> 5 | 6
         (_RET, 0, 0, _ERRNO),  # an x32 call
-        (_JEQ, 0, 8, nr_rt_sigaction),  # -> 7 | 15
+        (_JEQ, 0, 6, nr_rt_sigaction),  # -> 7 | 13
         (_LD_ABS, 0, 0, _ARG0_LO),
         (_JEQ, 0, 4, int(signal.SIGCHLD)),  # -> 9 | 13
         (_LD_ABS, 0, 0, _ARG1_LO),
@@ -77,25 +77,52 @@ def program(audit_arch: int, nr_rt_sigaction: int, nr_socket: int) -> list[tuple
         (_JEQ, 0, 1, 0),  # -> 13 | 14
         (_RET, 0, 0, _ALLOW),
         (_RET, 0, 0, _ERRNO),  # a new SIGCHLD action
-        (_JEQ, 0, 4, nr_socket),  # 15: -> 16 | 20
+    ]
+
+
+def socket_program(audit_arch: int, nr_socket: int) -> list[tuple[int, int, int, int]]:
+    """The second filter: ``socket()`` of a unix or IP family refused (the ABI checks again:
+    filters are evaluated independently)."""
+    return [
+        (_LD_ABS, 0, 0, _AUDIT_ARCH),
+        (_JEQ, 1, 0, audit_arch),  # -> 3
+        (_RET, 0, 0, _ERRNO),  # another ABI
+        (_LD_ABS, 0, 0, _NR),
+        (_JEQ, 0, 4, nr_socket),  # -> 5 | 9
         (_LD_ABS, 0, 0, _ARG0_LO),  # the domain
-        (_JEQ, 3, 0, _AF_UNIX),  # -> 21 | 18
-        (_JEQ, 2, 0, _AF_INET),  # -> 21 | 19
-        (_JEQ, 1, 0, _AF_INET6),  # -> 21 | 20
+        (_JEQ, 3, 0, _AF_UNIX),  # -> 10 | 7
+        (_JEQ, 2, 0, _AF_INET),  # -> 10 | 8
+        (_JEQ, 1, 0, _AF_INET6),  # -> 10 | 9
         (_RET, 0, 0, _ALLOW),
         (_RET, 0, 0, _ERRNO),  # a new unix or IP socket
     ]
 
 
 def deny_sigchld_changes() -> str:
-    """Install the filter on this process (all its threads) and whatever it starts.
-    Returns ``"seccomp sigchld, sockets"`` for the row's ``sandbox`` column, or ``"no seccomp:
-    <reason>"`` when the architecture or kernel has none (nothing changed). Sets
-    ``no_new_privs`` (the Landlock sandbox has already). Never raises."""
+    """Install the ``SIGCHLD`` filter (:func:`program`) on this process (all its threads)
+    and whatever it starts. Returns ``"seccomp sigchld"`` for the row's ``sandbox``
+    column, or ``"no seccomp: <reason>"`` when the architecture or kernel has none (nothing
+    changed). Sets ``no_new_privs`` (the Landlock sandbox has already). Never raises."""
     arch = _ARCH.get(platform.machine())
     if arch is None:
         return f"no seccomp: unsupported architecture {platform.machine()}"
-    code = program(arch[0], arch[1], arch[3])
+    return _install(program(arch[0], arch[1]), "seccomp sigchld")
+
+
+def deny_new_sockets() -> str:
+    """Install the socket filter (:func:`socket_program`), after the device is set up (the
+    CUDA driver's start opens a unix socket: a worker filtered before it exited) and before
+    the candidate is imported. Returns ``"sockets"``, or ``"sockets allowed: <reason>"``.
+    Never raises."""
+    arch = _ARCH.get(platform.machine())
+    if arch is None:
+        return f"sockets allowed: unsupported architecture {platform.machine()}"
+    return _install(socket_program(arch[0], arch[3]), "sockets").replace("no seccomp", "sockets allowed")
+
+
+def _install(code: list[tuple[int, int, int, int]], name: str) -> str:
+    """Install the BPF ``code`` with TSYNC; returns ``name`` or ``"no seccomp: <reason>"``."""
+    arch = _ARCH[platform.machine()]
     filters = (_SockFilter * len(code))(*[_SockFilter(*ins) for ins in code])
     prog = _SockFprog(len(code), filters)
     try:
@@ -109,4 +136,4 @@ def deny_sigchld_changes() -> str:
             return f"no seccomp: {os.strerror(ctypes.get_errno())}"
     except (OSError, AttributeError) as exc:
         return f"no seccomp: {exc}"
-    return "seccomp sigchld, sockets"
+    return name

@@ -180,6 +180,9 @@ def _serve(conn, spec: dict) -> None:
         print(f"kb_nano worker: the heap keeps glibc's defaults ({heap_note}): CPU times are noisier", file=sys.stderr)
     ready = {"sandbox": sandbox, "allow_tf32": allow_tf32, "num_threads": torch.get_num_threads(), "pid": os.getpid()}
     if candidate:
+        from kb_nano.kernels.seccomp import deny_new_sockets
+
+        ready["sandbox"] += f", {deny_new_sockets()}"  # no tmux / D-Bus / docker server acts for it (kernels.seccomp)
         ready["violation"] = _load(side, spec)
     # what exists now (torch, the candidate's module) lives as long as the worker: the
     # collections after each scenario (Side.teardown) need not scan it again
