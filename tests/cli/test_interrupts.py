@@ -130,3 +130,41 @@ def test_a_worker_whose_judge_is_gone_exits_without_a_traceback(when):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_kb_nano_imports_is_one_line_and_130(tmp_path, sig):
+    """A signal in kb_nano's first tenth of a second (while Python imports it): one line,
+    status 130, no ``KeyboardInterrupt`` traceback (SIGINT) and not a silent -15 (SIGTERM)."""
+    work = copy_workflow(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kb_nano.cli", "kernels", "--dry-run"],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "KB_NANO_ROOT": str(work)},
+        start_new_session=True,
+    )
+    time.sleep(0.05)
+    os.killpg(proc.pid, getattr(signal, sig))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in out and "Traceback" not in out, out
+
+
+def test_closed_stdout_does_not_turn_an_exit_into_a_traceback(tmp_path):
+    """``kb_nano ... >&-`` where Snakemake refuses a flag while the manifest thread still
+    builds modules: the command's end (past that thread) flushes what it can and keeps
+    Snakemake's status, without an ``AttributeError`` traceback."""
+    work = copy_workflow(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kb_nano.cli", "kernels", "--", "--bogus-flag"],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KB_NANO_ROOT": str(work)},
+        close_fds=True,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert proc.returncode not in (0, 1) and "Traceback" not in proc.stderr, proc.stderr

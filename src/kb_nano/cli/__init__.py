@@ -18,7 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     an early error ends the run while it imports torch) ends here with ``os._exit`` after
     flushing its output: the interpreter's shutdown would end that thread with
     ``pthread_exit`` inside torch's C++ code, which aborts the process ("terminate called
-    without an active exception", status -6) instead of ending it with its status."""
+    without an active exception", status -6) instead of ending it with its status. Before
+    its imports it installs :func:`_quiet_while_importing`."""
+    if argv is None:
+        _quiet_while_importing()
     from kb_nano.cli.parser import main as parser_main
 
     code = parser_main(argv)
@@ -34,5 +37,25 @@ def _end_past_daemon_threads(code: int) -> None:
 
     if any(t.daemon and t.is_alive() for t in threading.enumerate()):
         for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):  # closed (>&-) or a reader gone (| head)
+                pass
         os._exit(code)
+
+
+def _quiet_while_importing() -> None:
+    """Until the command's own handlers (:func:`kb_nano.interrupts.interrupts`) replace
+    them, SIGINT, SIGTERM and SIGHUP (not ones inherited as ignored) end the process with
+    one line and status 130, instead of a ``KeyboardInterrupt`` traceback from the middle
+    of an import (or no line at all for SIGTERM)."""
+    import os
+    import signal
+
+    def end(signum, _frame) -> None:
+        os.write(2, f"interrupted ({signal.Signals(signum).name}) while kb_nano was starting\n".encode())
+        os._exit(130)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, end)

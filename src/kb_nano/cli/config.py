@@ -30,13 +30,17 @@ def user_paths(specs: list[str], root: Path) -> list[str]:
     ]
 
 
-def select_models(requested: list[str], configured: list[str], root: Path) -> list[str]:
+def select_models(requested: list[str], configured: list[str], root: Path, where: str = "config") -> list[str]:
     """Model specs for a run: each requested value keeps the configured models whose key
     starts with it (``llama31`` -> ``llama31-8b``; a note on stderr names the models a
     prefix chose); a value matching none is resolved on its own (key, vendored Hub id or
-    path). Raises ``KbNanoError`` for an unknown model."""
+    path). Raises ``KbNanoError`` for an unknown model, or ``configured`` (the ``models`` of
+    the config file ``where``) not a list of names."""
     from kb_nano.models.configs import resolve
 
+    if not isinstance(configured, list) or not all(isinstance(spec, str) for spec in configured):
+        shown = str(configured)[:60]
+        raise KbNanoError(f"{where}: models: {shown} is not a list of model names (keys, Hub ids or config paths)")
     keys = {spec: resolve(spec, root).key for spec in configured}
     chosen: list[str] = []
     for want in user_paths(requested, root):
@@ -57,7 +61,7 @@ def config_overrides(args, root: Path, base: dict) -> dict:
     Raises ``KbNanoError`` for an unknown target, category or model."""
     cfg = flags.given(args, flags.KERNELS)
     if "models" in cfg:
-        cfg["models"] = select_models(cfg["models"], base["models"], root)
+        cfg["models"] = select_models(cfg["models"], base["models"], root, args.configfile or str(DEFAULT_CONFIG))
     for name in cfg.get("targets", []):
         operators.check_target(name, where="--target")
     categories = sorted({e.category for e in operators.CATALOG.values()})

@@ -156,7 +156,9 @@ def tier1_choice(
     by_cand: dict[str, list[dict]] = {}
     for r in rows:
         cid = r["candidate"]
-        if cid in current and r["candidate_sha256"] == current[cid][1] and str(r["device"]).split(":")[0] == device:
+        # a row without a device (a job's own crashed row: the judge died) counts on every device
+        on_device = r["device"] is None or str(r["device"]).split(":")[0] == device
+        if cid in current and r["candidate_sha256"] == current[cid][1] and on_device:
             by_cand.setdefault(cid, []).append(r)
     best: dict[str, dict] = {}
     for cid, rs in sorted(by_cand.items()):

@@ -109,7 +109,7 @@ def generate(
             atol, rtol = tolerance_for(op, model_dtype)
             variants = op.variants(op_facts, options)
             kinds = op.layer_kinds(op_facts)
-            for tp, (kind, overrides) in ((tp, k) for tp in tps for k in kinds):
+            for tp, (kind, overrides) in ((tp, k) for tp in sorted(tps) for k in kinds):  # (lowest TP first)
                 kind_facts = {**op_facts, **overrides}
                 semantics = op.semantics(kind_facts)
                 for n, (variant, extra) in ((n, v) for n in num_tokens for v in variants):
