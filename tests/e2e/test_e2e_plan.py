@@ -102,6 +102,10 @@ def test_default_candidate_set_is_the_fastest_that_passed_tier1(tmp_path):
     cands = e2e_plan.candidate_set(work, [], "cpu", [TINY])
     assert [c.id for c in cands] == ["rms_norm/torch_fused", "silu_and_mul/inplace"]
     assert all(swappable(c.target)[0] for c in cands)
+    crashed = row("silu_and_mul", "inplace", n=64, status="crashed", device=None)  # a job's row: the judge died
+    _tier1(work, [*rows, crashed])
+    assert "silu_and_mul/inplace" not in [c.id for c in e2e_plan.candidate_set(work, [], "cpu", [TINY])]
+    _tier1(work, rows)
     line = e2e_plan.describe_choice(work, "cpu", cands, [TINY])
     assert "rms_norm/torch_fused (1.34x over 2 rows, 1 significantly faster)" in line
     assert "silu_and_mul/inplace (1.08x over 2 rows, 1 significantly faster)" in line

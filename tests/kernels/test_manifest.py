@@ -133,6 +133,9 @@ def test_hidden_size_and_tp4_shapes(manifest):
     assert norm["inputs"][0]["shape"] == [64, 4096]
     fused = s["fused_add_rms_norm__llama31-8b__tp1__n64"]
     assert [i["shape"] for i in fused["inputs"]] == [[64, 4096], [64, 4096]]
+    reordered = by_id(generate(["llama31-8b"], [4, 1], [64], "auto", REPO, targets=["rms_norm"]))
+    assert reordered["rms_norm__llama31-8b__tp1__n64"]["applicable"]  # the lowest TP, whatever --tp's order
+    assert not reordered["rms_norm__llama31-8b__tp4__n64"]["applicable"]
     for tp in TPS[1:]:  # unsharded: the same call as at tp 1, measured once
         for target in ("rms_norm", "fused_add_rms_norm"):
             again = s[f"{target}__llama31-8b__tp{tp}__n64"]
