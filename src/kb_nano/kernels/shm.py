@@ -4,7 +4,8 @@ CPU: the judge lays the tensors out in one anonymous ``memfd_create`` file, maps
 passes the file descriptor to the worker over the worker's own socket
 (``SCM_RIGHTS``, :func:`multiprocessing.reduction.send_handle`), which maps it too. The
 file has no name (nothing under ``/dev/shm`` to find), and no other process gets the
-descriptor, so the baseline's slots are out of the candidate's reach.
+descriptor, so the baseline's slots are out of the candidate's reach. Its size is sealed
+(``F_SEAL_SHRINK | F_SEAL_GROW``): no worker can truncate the judge's mapping away.
 CUDA: the judge allocates the tensors on its device and sends them through the socket
 pickled, which PyTorch turns into CUDA IPC handles (``torch.multiprocessing``); only the
 receiving process gets the handles.
@@ -16,6 +17,7 @@ as bytes written into these shared tensors.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 from multiprocessing.reduction import recv_handle, send_handle
@@ -58,8 +60,11 @@ class SharedTensors:
             self._fd = None
             return
         self._offsets, self._size = _layout(self.specs)
-        self._fd = os.memfd_create("kb_nano", os.MFD_CLOEXEC)
+        self._fd = os.memfd_create("kb_nano", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self._fd, self._size)
+        # its size sealed: a worker that reopens the file (/proc/self/map_files) and truncates
+        # it would have the judge die of SIGBUS on its next access (and the next job's row with it)
+        fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         self._map = mmap.mmap(self._fd, self._size)
         self.tensors = _views(self._map, self.specs, self._offsets)
 
