@@ -112,6 +112,11 @@ def test_bad_shape_values_and_two_models_of_one_key_stop_before_snakemake(work, 
         out = kb_nano(work, command, "--model", str(bad), *(["--dry-run"] if command == "kernels" else []))
         assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
         assert "field 'num_attention_heads' is -4; expected a positive integer" in out.stderr
+    bad_rope = tmp_path / "ropetheta"
+    bad_rope.mkdir()
+    (bad_rope / "config.json").write_text(json.dumps({**src, "rope_theta": "x"}))  # was a ValueError traceback
+    out = kb_nano(work, "kernels", "--model", str(bad_rope), "--dry-run")
+    assert out.returncode == 2 and "field 'rope_theta' is \"x\"; expected a positive number" in out.stderr
     for d in ("a", "b"):
         (tmp_path / d / "mm").mkdir(parents=True)
         (tmp_path / d / "mm" / "config.json").write_text(json.dumps(src))

@@ -274,7 +274,9 @@ EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "
 def check_shape_fields(fields: dict, path: Path) -> None:
     """Every field of :data:`SHAPE_FIELDS` that ``fields`` (a config.json's object, or its
     ``text_config``) sets to a value other than null is a positive integer, and every one
-    of :data:`EXPERT_COUNT_FIELDS` a non-negative one (``true`` is not an integer here).
+    of :data:`EXPERT_COUNT_FIELDS` a non-negative one (``true`` is not an integer here), and
+    every ``rope_theta`` / ``factor`` (top level, ``rope_parameters``, ``rope_scaling``) a
+    positive number.
     Raises ``KbNanoError`` naming ``path``, the field, its value and what is expected: a
     head count of -4 or 0 would otherwise fail later as a traceback inside an operator's
     shape rule, or inside transformers."""
@@ -285,6 +287,17 @@ def check_shape_fields(fields: dict, path: Path) -> None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise KbNanoError(f"{path}: field {field!r} is {json.dumps(value)}; expected {what}")
+    # rotary numbers, at the top level or in rope_parameters / rope_scaling (per layer type too)
+    rope = [(k, fields) for k in ("rope_parameters", "rope_scaling") if isinstance(fields.get(k), dict)]
+    places = [("", fields)] + [(f"{k}.", d) for k, d in rope]
+    places += [(f"{k}.{t}.", v) for k, d in rope for t, v in d.items() if isinstance(v, dict)]
+    for prefix, where in places:
+        for field in ("rope_theta", "factor"):
+            value = where.get(field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+                raise KbNanoError(
+                    f"{path}: field {prefix + field!r} is {json.dumps(value)}; expected a positive number"
+                )
 
 
 def model_facts(config, ref: ModelRef) -> dict:
