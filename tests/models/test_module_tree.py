@@ -549,3 +549,23 @@ def test_what_unseen_architectures_compute_is_read_not_assumed():
     jamba_facts = {"hf_config": jamba, "model_type": "jamba", "hidden_size": 64, "dtype": "float32"}
     with pytest.raises(NotApplicable, match="not covered"):
         operators.get("decoder_layer").init_args({**jamba_facts, "num_attention_heads": 4}, 1)
+
+
+def test_an_mlp_that_scales_inside_is_not_covered():
+    """Falcon-H1's MLP computes ``down(up(x) * act(gate(x) * 0.9)) * 0.7`` (its
+    ``mlp_multipliers``): ``mlp`` is not covered (it passed without the scales before)."""
+    from transformers import CONFIG_MAPPING
+
+    from kb_nano import operators
+    from kb_nano.operators.base import NotApplicable
+
+    fields = CONFIG_MAPPING["falcon_h1"](
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=100, mamba_d_ssm=128, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+        mlp_multipliers=[0.9, 0.7],
+    ).to_dict()  # fmt: skip
+    got = read(fields)
+    assert got["mlp_blocks"]["dense"][0]["scaled"] == ["down_multiplier=0.7", "gate_multiplier=0.9"]
+    facts = {**TINY, **got, "hidden_act": "silu", "dtype": "float32", "hf_config": fields}
+    with pytest.raises(NotApplicable, match=r"scales inside the block \(down_multiplier=0.7"):
+        operators.get("mlp").init_args(facts, 1)

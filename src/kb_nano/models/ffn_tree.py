@@ -102,7 +102,8 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
     MoE block's always-on experts; ``intermediate_size`` from its ``up_proj`` or fused
     ``gate_up_proj``; ``act`` from :func:`activation_name`; ``gated``: it has a
     ``gate_proj`` or ``gate_up_proj``, else it computes ``down(act(up(x)))``, as Arcee's
-    and Nemotron's; ``bias``: its projections have biases, Llama's ``mlp_bias``); ``moe`` is the first MoE
+    and Nemotron's; ``bias``: its projections have biases, Llama's ``mlp_bias``;
+    ``scaled``: its ``*multiplier`` attributes other than 1, Falcon-H1's); ``moe`` is the first MoE
     block (an ``mlp`` with ``experts``: :func:`moe_block`); None for a dense model. A model with neither
     gets an MoE entry without class whose reason says none was found."""
     dense: dict[tuple, dict] = {}
@@ -120,7 +121,14 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
         gated = "gate_proj" in children or "gate_up_proj" in children
         projections = [children[n] for n in ("gate_proj", "up_proj", "gate_up_proj", "down_proj") if n in children]
         bias = any(getattr(p, "bias", None) is not None for p in projections)
+        # scale factors inside the block (Falcon-H1: act(gate * m) * up, down(...) * m)
+        scaled = tuple(
+            f"{n}={v:g}"
+            for n, v in sorted(vars(module).items())
+            if n.endswith("multiplier") and isinstance(v, int | float) and not isinstance(v, bool) and v != 1
+        )
         key = (where, type(module).__name__, width, type(act).__name__ if act is not None else None, gated, bias)
+        key += (scaled,)
         entry = dense.setdefault(
             key,
             {
@@ -131,6 +139,7 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
                 "act_class": key[3],
                 "gated": gated,
                 "bias": bias,
+                "scaled": list(scaled),
                 "layers": 0,
             },
         )

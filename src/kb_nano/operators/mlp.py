@@ -106,6 +106,8 @@ def _init_args(facts: dict, tp: int) -> dict:
     else:  # the model's own MLP module: its width and activation
         if not dense.get("gated", True):
             raise NotApplicable(f"not covered: {dense['class']} is not gated (down(act(up(x))), no gate_proj)")
+        if dense.get("scaled"):
+            raise NotApplicable(f"not covered: {dense['class']} scales inside the block ({', '.join(dense['scaled'])})")
         if dense["act"] not in TREE_ACTS or dense["intermediate_size"] is None:
             raise NotApplicable(f"not covered: {dense['class']} (activation {dense['act_class']})")
         width, act = dense["intermediate_size"], TREE_ACTS[dense["act"]]
