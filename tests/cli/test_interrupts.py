@@ -137,15 +137,7 @@ def test_a_signal_while_kb_nano_imports_is_one_line_and_130(tmp_path, sig):
     """A signal in kb_nano's first tenth of a second (while Python imports it): one line,
     status 130, no ``KeyboardInterrupt`` traceback (SIGINT) and not a silent -15 (SIGTERM)."""
     work = copy_workflow(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kb_nano.cli", "kernels", "--dry-run"],
-        cwd=work,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "KB_NANO_ROOT": str(work)},
-        start_new_session=True,
-    )
+    proc = _start(work, [sys.executable, "-m", "kb_nano.cli", "kernels", "--dry-run"])
     time.sleep(0.05)
     os.killpg(proc.pid, getattr(signal, sig))
     out, _ = proc.communicate(timeout=60)

@@ -103,10 +103,7 @@ def deny_sigchld_changes() -> str:
     and whatever it starts. Returns ``"seccomp sigchld"`` for the row's ``sandbox``
     column, or ``"no seccomp: <reason>"`` when the architecture or kernel has none (nothing
     changed). Sets ``no_new_privs`` (the Landlock sandbox has already). Never raises."""
-    arch = _ARCH.get(platform.machine())
-    if arch is None:
-        return f"no seccomp: unsupported architecture {platform.machine()}"
-    return _install(program(arch[0], arch[1]), "seccomp sigchld")
+    return _install(lambda arch: program(arch[0], arch[1]), "seccomp sigchld")
 
 
 def deny_new_sockets() -> str:
@@ -114,15 +111,17 @@ def deny_new_sockets() -> str:
     CUDA driver's start opens a unix socket: a worker filtered before it exited) and before
     the candidate is imported. Returns ``"sockets"``, or ``"sockets allowed: <reason>"``.
     Never raises."""
+    found = _install(lambda arch: socket_program(arch[0], arch[3]), "sockets")
+    return found.replace("no seccomp", "sockets allowed")
+
+
+def _install(build, name: str) -> str:
+    """Install the BPF program ``build(arch)`` (``arch``: this machine's :data:`_ARCH`
+    entry) with TSYNC; returns ``name`` or ``"no seccomp: <reason>"``."""
     arch = _ARCH.get(platform.machine())
     if arch is None:
-        return f"sockets allowed: unsupported architecture {platform.machine()}"
-    return _install(socket_program(arch[0], arch[3]), "sockets").replace("no seccomp", "sockets allowed")
-
-
-def _install(code: list[tuple[int, int, int, int]], name: str) -> str:
-    """Install the BPF ``code`` with TSYNC; returns ``name`` or ``"no seccomp: <reason>"``."""
-    arch = _ARCH[platform.machine()]
+        return f"no seccomp: unsupported architecture {platform.machine()}"
+    code = build(arch)
     filters = (_SockFilter * len(code))(*[_SockFilter(*ins) for ins in code])
     prog = _SockFprog(len(code), filters)
     try:
