@@ -101,9 +101,11 @@ def test_ctrl_c_names_where_that_commands_finished_work_is(monkeypatch, capsys, 
 
 
 @pytest.mark.slow
-def test_sigint_to_the_workers_alone_ends_their_job_and_the_run(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_sigint_to_the_workers_alone_ends_their_job_and_the_run(tmp_path, sig):
     """SIGINT that reaches the measurement workers but not Snakemake (`pkill -INT` from a
-    script, a sweep under nohup whose workers share a terminal's group): the job they served
+    script, a sweep under nohup whose workers share a terminal's group), or SIGKILL (`kill
+    -9`, the OOM killer), which the candidate cannot send the baseline: the job they served
     fails as interrupted (no row: the next run redoes it) and Snakemake ends the run, or,
     when only the candidate's worker got it, the job ends with a ``crashed`` row; either
     way nothing hangs and no process is left behind. (An engine that ran candidates inside Snakemake's job lost the
@@ -149,15 +151,16 @@ def test_sigint_to_the_workers_alone_ends_their_job_and_the_run(tmp_path):
         descendants = psutil.Process(proc.pid).children(recursive=True)
         hit = workers()
         for p in hit:
-            os.kill(p.pid, signal.SIGINT)
+            os.kill(p.pid, getattr(signal, sig))
         out, _ = proc.communicate(timeout=240)
         # the baseline's worker interrupted: the job fails without a row (Snakemake ends the
         # run); only the candidate's: its death is the candidate's row, the run goes on
         if proc.returncode == 1:
-            assert "interrupted (SIGINT); no row, the next run redoes this job" in out
+            assert f"interrupted ({sig}); no row, the next run redoes this job" in out, out
             assert "the Snakemake workflow failed" in out
+            assert "harness error" not in out and "Traceback" not in out, out
         else:
-            assert proc.returncode == 0 and "the candidate worker died of SIGINT" in out, out
+            assert proc.returncode == 0 and f"the candidate worker died of {sig}" in out, out
         time.sleep(1)
         assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     finally:

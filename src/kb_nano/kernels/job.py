@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kb_nano.candidates import file_sha256
 from kb_nano.kernels import signing
-from kb_nano.kernels.procs import sigint_blocked
+from kb_nano.kernels.procs import EXTERNAL_SIGNALS, sigint_blocked
 from kb_nano.kernels.schema import make_row, scenario_fields, write_rows
 
 JUDGE_GRACE_S = 180.0  # beyond timeout_s: the judge's own work (worker starts, roofline, shard)
@@ -276,8 +276,10 @@ def run(
             reply = judge.ask(request, float(settings["timeout_s"]) + JUDGE_GRACE_S)
         if "status" in reply:
             return reply["status"]
-        if "interrupted" in reply or reply.get("dead") == -signal.SIGINT:
-            _interrupted(f"{candidate_id} on {scenario['scenario_id']}", log_p)
+        dead = reply.get("dead")
+        if "interrupted" in reply or (dead is not None and dead < 0 and -dead in EXTERNAL_SIGNALS):
+            how = signal.Signals(-dead).name if dead is not None and dead < 0 else _signal_named(reply["interrupted"])
+            _interrupted(f"{candidate_id} on {scenario['scenario_id']}", log_p, how)
         _forget(judge) if "status" not in reply and "error" not in reply else None
         if "error" in reply:
             log_p.parent.mkdir(parents=True, exist_ok=True)
@@ -306,10 +308,17 @@ def run(
         return "crashed"
 
 
-def _interrupted(job: str, log_p: Path) -> None:
-    """End a job whose judge or baseline worker died of SIGINT, without a row (the next
-    run redoes it), with one line in its log. When the Snakemake process got that SIGINT
-    too (a Ctrl-C, kb_nano stopping the run: :func:`kb_nano.interrupts.interrupted`), one
+def _signal_named(reason: str) -> str:
+    """The signal's name in a :class:`kb_nano.kernels.pool.WorkerGone` reason ("the
+    baseline worker died of SIGKILL" -> "SIGKILL")."""
+    return reason.rsplit(" ", 1)[-1] if reason.rsplit(" ", 1)[-1].startswith("SIG") else "SIGINT"
+
+
+def _interrupted(job: str, log_p: Path, how: str = "SIGINT") -> None:
+    """End a job whose judge or baseline worker died of a signal from outside (``how``:
+    :data:`kb_nano.kernels.procs.EXTERNAL_SIGNALS`; the candidate cannot signal either),
+    without a row (the next run redoes it), with one line in its log. When the Snakemake
+    process got a SIGINT too (a Ctrl-C, kb_nano stopping the run: :func:`kb_nano.interrupts.interrupted`), one
     line on stderr and ``KeyboardInterrupt``, which Snakemake, already stopping, drops
     without a failed job's report. Otherwise (only the workers got it) a job error that
     names it, which ends the run; not KeyboardInterrupt, which would leave Snakemake's
@@ -317,7 +326,7 @@ def _interrupted(job: str, log_p: Path) -> None:
     from kb_nano.errors import KbNanoError
     from kb_nano.interrupts import interrupted
 
-    message = f"{job}: interrupted (SIGINT); no row, the next run redoes this job"
+    message = f"{job}: interrupted ({how}); no row, the next run redoes this job"
     with contextlib.suppress(OSError):
         log_p.parent.mkdir(parents=True, exist_ok=True)
         with open(log_p, "a") as f:

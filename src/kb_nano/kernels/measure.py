@@ -38,7 +38,8 @@ CROSS_CHECK_MAX_ROUNDS = 8
 
 
 class Interrupted(Exception):
-    """A worker died of a SIGINT from outside (Ctrl-C): the job ends without a row."""
+    """The baseline worker died of a signal from outside (Ctrl-C, kill: the candidate
+    cannot signal it): the job ends without a row."""
 
 
 def measure(
@@ -83,7 +84,7 @@ def measure(
         status, error = "timeout", f"exceeded timeout_s={settings['timeout_s']}: {exc}; killed"
         pool.discard(base)  # which of the two hangs is not known: neither is kept
     except WorkerGone as exc:
-        if exc.interrupted and exc.role == "baseline":  # a Ctrl-C; the candidate's own death by SIGINT is its row
+        if exc.interrupted and exc.role == "baseline":  # Ctrl-C, kill; the candidate's own death by one is its row
             raise Interrupted(str(exc)) from None
         status, error = "crashed", str(exc)
     finally:

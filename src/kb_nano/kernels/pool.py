@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kb_nano.kernels.procs import LIVE_WORKERS, WORKERS_LOCK, kill_worker, tree_cpu_s
+from kb_nano.kernels.procs import EXTERNAL_SIGNALS, LIVE_WORKERS, WORKERS_LOCK, kill_worker, tree_cpu_s
 
 
 def use_abstract_unix_sockets() -> None:
@@ -56,8 +56,9 @@ START_S = 120.0  # longest start of a worker (fork, torch threads, CUDA context)
 
 
 class WorkerGone(Exception):
-    """The worker process died (``reason`` says how); ``interrupted`` when it died of a
-    SIGINT from outside (a Ctrl-C), which ends the job without a row."""
+    """The worker process died (``reason`` says how); ``interrupted`` when it died of one
+    of :data:`kb_nano.kernels.procs.EXTERNAL_SIGNALS` (a Ctrl-C, kill), which ends the job without a row when
+    the worker is the baseline's."""
 
     def __init__(self, reason: str, interrupted: bool = False, role: str = "") -> None:
         super().__init__(reason)
@@ -160,8 +161,9 @@ class WorkerHandle:
     def _gone(self) -> WorkerGone:
         self.proc.join(5)
         code = self.proc.exitcode
-        if code == -signal.SIGINT:
-            return WorkerGone(f"the {self.role} worker died of SIGINT", interrupted=True, role=self.role)
+        if code is not None and code < 0 and -code in EXTERNAL_SIGNALS:
+            name = signal.Signals(-code).name
+            return WorkerGone(f"the {self.role} worker died of {name}", interrupted=True, role=self.role)
         from kb_nano.kernels.worker_process import SELF_SIGINT_STATUS
 
         if code == SELF_SIGINT_STATUS:

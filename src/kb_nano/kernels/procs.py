@@ -9,6 +9,11 @@ import signal
 import threading
 import time
 
+# Signals that end a process from outside (a Ctrl-C, kill, a closed terminal, the OOM
+# killer): a worker the candidate cannot signal (the baseline's: Landlock's signal scope)
+# that dies of one was ended by its environment, not by the measurement
+EXTERNAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL})
+
 LIVE_WORKERS: set[int] = set()  # pids of this process's workers (the fork server starts nothing else)
 # Held while a worker is started (forked, then added to LIVE_WORKERS) or killed (removed
 # once reaped) and while the judge looks for processes beside the workers: a worker that
@@ -211,7 +216,11 @@ def restore_scheduling(pid: int) -> list[int]:
     each restored; see :meth:`kb_nano.kernels.judge.Measurement.check_scheduling`."""
     want = (frozenset(os.sched_getaffinity(0)), os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
     changed = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # the worker is gone: nothing to restore (its death is the next request's answer)
+        return []
+    for tid in tids:
         with contextlib.suppress(OSError, ValueError):
             t = int(tid)
             if (
