@@ -13,6 +13,7 @@ Errors about one config key are :class:`~kb_nano.errors.ConfigError` (``config <
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from kb_nano import gpus
@@ -109,7 +110,13 @@ def check_output_json(root: Path, config: dict, tier: str) -> None:
         raise ConfigError(
             key, f"{output_json}: {path.parent} is not writable ({exc.strerror}); pick another path"
         ) from None
-    if not os.access(path.parent, os.W_OK):
-        raise ConfigError(key, f"{output_json}: {path.parent} is not writable; pick another path")
+    try:  # a file made and removed: os.access says yes to root on /proc or a read-only mount
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            key, f"{output_json}: cannot create a file in {path.parent} ({exc.strerror}); pick another path"
+        ) from None
     if "{" in output_json or "}" in output_json:
         raise ConfigError(key, f"{output_json}: braces are Snakemake wildcards; use a plain path")

@@ -78,6 +78,7 @@ def test_bad_candidate_directory_and_broken_model_config(work, tmp_path):
         (["--device", "cuda"], "no NVIDIA GPU is visible here"),
         (["--output-json", "results/mlflow/kernels.json"], "belongs to another kb-nano output"),
         (["--output-json", "/proc/nope/x.json"], "is not writable"),
+        (["--output-json", "/proc/x.json"], "cannot create a file in /proc"),  # root may "access" /proc
         (["--num-runs", "0"], "--num-runs: num_runs"),
         (["--tp", "1", "1"], "--tp: tp"),
         (["--level", "2"], "--level only filters --list"),

@@ -72,6 +72,24 @@ def test_editing_one_candidate_reruns_only_its_jobs(swept):
     assert row["candidate_sha256"] == hashlib.sha256(cand.read_bytes()).hexdigest()
 
 
+def test_an_edit_that_keeps_the_mtime_reruns_the_job(swept):
+    """A candidate whose bytes change but whose mtime does not (a checkout, `cp -p`,
+    `touch -r`): Snakemake's mtime trigger misses it, the content hash in the job's params
+    does not."""
+    import os
+
+    cand = swept / "candidates/silu_and_mul/inplace.py"
+    stat = cand.stat()
+    cand.write_text(cand.read_text() + "\n# edited, mtime kept\n")
+    os.utime(cand, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    before = _mtimes(swept)
+    snakemake(swept)
+    after = _mtimes(swept)
+    assert sorted(k for k in after if after[k] != before.get(k)) == [
+        "results/kernels/silu_and_mul/inplace/silu_and_mul__llama32-1b__tp1__n1.parquet"
+    ]
+
+
 def _manifest_file(work: Path) -> Path:
     """The one manifest a run of a fresh copy wrote (results/inputs/llm-<selection>.yaml)."""
     (path,) = (work / "results/inputs").glob("llm-*.yaml")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
+from kb_nano.candidates import file_sha256
 from kb_nano.kernels import job as kernel_job
 from kb_nano import checks
 from kb_nano import workflow as kbw
@@ -112,6 +113,14 @@ def kernel_job_inputs(wildcards):
         "candidate": f"candidates/{wildcards.target}/{wildcards.name}.py",
         **_target_inputs(wildcards.target),
     }
+
+
+def candidate_sha256_param(wildcards):
+    """The candidate file's content hash (None while it is missing: its input says so). A
+    changed param reruns the job, so an edit that keeps the file's mtime (a checkout, a
+    copy with `cp -p`, `touch -r`) is measured again."""
+    path = Path(kernel_job_inputs(wildcards)["candidate"])
+    return file_sha256(path) if path.is_file() else None
 
 
 def _scenario(wildcards):

@@ -23,6 +23,7 @@ rule kernel_bench:
         gpu=0 if config["device"] == "cpu" else 1,
     params:
         scenario=scenario_param,
+        candidate_sha256=candidate_sha256_param,
         settings=SETTINGS,
         golden=golden_param,
     run:
