@@ -132,6 +132,9 @@ def test_kb_nano_e2e_latency_runs_baseline_and_candidates(tmp_path):
     assert rows[variant]["num_pairs"] == rows["baseline"]["num_pairs"] == 1
     assert "95% interval" in proc.stdout
     assert "random (--load-format dummy)" in proc.stdout and "speedup" in proc.stdout
+    # each engine run says on the console when it starts and how it ended (each takes minutes)
+    out = proc.stdout + proc.stderr
+    assert f": {variant}, run 2 of 2 started (log: " in out and f": {variant}, run 2 of 2: ok in " in out, out
     assert (work / "results/mlflow/e2e.json").is_file()
     assert _sockets_in_tempdir() <= sockets, "vLLM's ZMQ socket files were left in the temp dir"
     # Editing one candidate reruns only the variant that holds it (and merge + MLflow).

@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -186,9 +187,14 @@ def run(
         gpus.lease(n_gpus, Path.cwd() / "results/.locks", float(engine["timeout_s"])) as gpu_ids,
         open(log_path, "w") as job_log,
     ):
-        for name, cands, p in order:
+        for i, (name, cands, p) in enumerate(order):
             run_log = runs_dir / f"{name}.pair{p}.log"
+            # one line on the console per engine run: a run takes minutes (engine start, warm-up)
+            what = f"kb-nano e2e: {model['key']} tp={tp} {w.name}: {name}, run {i + 1} of {len(order)}"
+            print(f"{what} started (log: {run_log})", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
             row, doc = _run_once(model, tp, w, name, cands, engine, gpu_ids, run_log)
+            print(f"{what}: {row['status']} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             row.update(pair=p, vllm_json=str(vllm_json))
             rows.append(row)
             docs.append({"variant": name, "pair": p, **doc})

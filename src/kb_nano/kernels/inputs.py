@@ -129,13 +129,21 @@ def apply_edge_case(tensors: list[torch.Tensor], specs: list[dict], case: str) -
 # attention decode over 256 keys at x1.25 made the bf16 baseline's own error reach 101% of
 # the attention class (logits 1.56x larger) and honest SDPA fail at 131%.
 FACTOR_RANGE = (0.75, 1.0)
+# Elements a pool holds beyond one slot: every window start is one of this many, so a
+# candidate that learns the pool from the windows it sees and precomputes its work per
+# window start (a breaker's did for mlp at 1 token, where a pool of the slot + 4096 had
+# 4097 starts: a cached gate_up GEMM, 2.52x) would have to see about this many values and
+# precompute a call per start; calls that repeat a start are rare (k calls: about
+# k^2 / 2^21 repeats). Drawing it costs about 5 ms per input on a CPU core.
+POOL_EXTRA = 1 << 20
 
 
 class Refresher:
     """Writes fresh values into the judge's input slots before every batch.
 
     ``slots``: one ``[k, *shape]`` tensor per input spec (slot ``i`` is row ``i``).
-    Random inputs: each spec gets a pool of at least twice a slot's elements drawn from
+    Random inputs: each spec gets a pool of at least twice a slot's elements, and at least
+    :data:`POOL_EXTRA` more than a slot's, drawn from
     its distribution with a generator seeded from the measurement seed; every slot of
     every batch is a window of that pool starting at a random element offset, and for
     N(0, std^2) inputs also multiplied by a random factor in :data:`FACTOR_RANGE`; inputs with
@@ -166,7 +174,8 @@ class Refresher:
                 n = t[0].numel() if len(t) else 0
                 init = spec["init"]
                 flat = {**spec, "init": {k: v for k, v in init.items() if k != "row_mean_std"}}
-                self.pools.append(refill_(torch.empty(max(2 * n, n + 4096), dtype=t.dtype, device=device), flat, gen))
+                pool = torch.empty(max(2 * n, n + POOL_EXTRA) if n else 0, dtype=t.dtype, device=device)
+                self.pools.append(refill_(pool, flat, gen))
                 offsets = None
                 if init.get("row_mean_std"):  # per-row offsets: a pool of their own, windowed the same way
                     rows = n // t.shape[-1] if n else 0
