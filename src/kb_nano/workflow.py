@@ -26,6 +26,7 @@ HARNESS_MODULES = (
             "cupti",
             "cupti_lib",
             "fields",
+            "fork_sockets",
             "guard",
             "heap",
             "inputs",

@@ -48,7 +48,7 @@ def judge_context() -> multiprocessing.context.BaseContext:
     global _CONTEXT
     with _LOCK:
         if _CONTEXT is None:
-            from kb_nano.kernels.pool import use_abstract_unix_sockets
+            from kb_nano.kernels.fork_sockets import use_abstract_unix_sockets
 
             use_abstract_unix_sockets()
             ctx = multiprocessing.get_context("forkserver")

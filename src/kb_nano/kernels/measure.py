@@ -25,6 +25,7 @@ from kb_nano.kernels.fields import device_name, resolve_device, row_fields
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
 from kb_nano.kernels.judge import ERROR_FIELDS, HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
+from kb_nano.kernels.procs import restore_limits, restore_scheduling, resume
 from kb_nano.kernels.schema import make_row
 from kb_nano.kernels.verdict import WORKER_VERDICTS, Verdict
 from kb_nano.operators.base import DTYPES
@@ -60,9 +61,11 @@ def measure(
     deadline = time.monotonic() + float(settings["timeout_s"])
     cand = base = m = None
     status, error, extra = "passed", None, {}
+    paused: list[int] = []
     try:
         pool.start_baseline(settings, log_fd, deadline)  # both workers start up at once
         cand = pool.get_candidate(Path(candidate_path), scenario["target"], settings, log_fd, deadline)
+        paused = pool.pause_idle(cand)  # other candidate files' idle workers: stopped until the row is decided
         fields["sandbox"] = cand.ready.get("sandbox")
         cand.send_log(log_fd, deadline)
         found = cand.ready.get("violation")
@@ -71,6 +74,10 @@ def measure(
                 raise Verdict("tampered", f"the candidate's worker sent a verdict no worker sends ({str(found)[:80]})")
             raise Verdict(found[0], str(found[1])[:1000])
         base = pool.get_baseline(settings, log_fd, deadline)
+        # what was changed in the baseline worker before this measurement (by a worker now
+        # paused, between jobs) is restored, not blamed on this candidate
+        restore_scheduling(base.pid)
+        restore_limits(base.pid)
         base.send_log(log_fd, deadline)
         fields.update(num_threads=base.ready["num_threads"], allow_tf32=base.ready["allow_tf32"])
         m = Measurement(scenario, settings, root, pool, base, cand, device, seed, deadline)
@@ -90,6 +97,7 @@ def measure(
     finally:
         if m is not None:
             m.close()
+        resume(paused)
     status, error = _end(pool, base, cand, status, error)
     if m is not None:  # where the row's time went, for the job log
         phases = ", ".join(f"{k} {v:.2f} s" for k, v in m.phases.items())

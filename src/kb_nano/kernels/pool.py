@@ -20,31 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kb_nano.kernels.procs import EXTERNAL_SIGNALS, LIVE_WORKERS, WORKERS_LOCK, kill_worker, tree_cpu_s
-
-
-def use_abstract_unix_sockets() -> None:
-    """Make ``multiprocessing`` listen on Linux *abstract* unix sockets (the fork servers
-    that start judges and workers). A fork server unpickles whatever a client sends, and a
-    filesystem socket can be connected to from inside the candidate's Landlock sandbox;
-    an abstract socket created outside it cannot (Landlock scopes abstract unix sockets
-    from ABI 6). Call before any fork server starts; idempotent; Linux only."""
-    import secrets
-    import sys
-    from multiprocessing import connection
-
-    if sys.platform != "linux" or getattr(connection.arbitrary_address, "_kb_nano", False):
-        return
-    original = connection.arbitrary_address
-
-    def arbitrary_address(family):
-        if family == "AF_UNIX":
-            return "\0kb_nano-" + secrets.token_hex(16)
-        return original(family)
-
-    arbitrary_address._kb_nano = True
-    connection.arbitrary_address = arbitrary_address
-
+from kb_nano.kernels.fork_sockets import use_abstract_unix_sockets
+from kb_nano.kernels.procs import EXTERNAL_SIGNALS, LIVE_WORKERS, WORKERS_LOCK, kill_worker, pause_trees, tree_cpu_s
 
 use_abstract_unix_sockets()
 
@@ -105,6 +82,10 @@ class WorkerHandle:
                 self.close()
                 raise
         return self._ready
+
+    def started(self) -> bool:
+        """The worker finished its start (its first reply is read or waiting in the pipe)."""
+        return self._ready is not None or self.conn.poll(0)
 
     @property
     def ready(self) -> dict:
@@ -368,6 +349,15 @@ class Pool:
             self.get_candidate(p, target, settings, log_fd, deadline, wait=False)
             started += 1
         return started
+
+    def pause_idle(self, busy: WorkerHandle) -> list[int]:
+        """Stop (SIGSTOP, :func:`kb_nano.kernels.procs.pause_trees`) the process trees of the
+        started candidate workers other than ``busy`` while ``busy``'s scenario is measured:
+        an idle worker's threads could otherwise burn CPU while the baseline is timed, or
+        change the baseline worker's priority and get ``busy``'s row called ``tampered``.
+        Workers still starting run on (their start overlaps the measurement by design).
+        Returns the stopped pids, for :func:`kb_nano.kernels.procs.resume`."""
+        return pause_trees([h.pid for h in self.candidates.values() if h is not busy and h.started()])
 
     def discard(self, handle: WorkerHandle | None) -> None:
         """Kill ``handle``'s worker and forget it."""

@@ -210,6 +210,28 @@ def kill_worker(pid: int, known: set[int]) -> None:
         kill_tree(other)
 
 
+def pause_trees(pids: list[int]) -> list[int]:
+    """SIGSTOP every process of the trees of ``pids`` (:func:`tree_pids`, parents first, then
+    once more for children forked meanwhile). Returns the pids stopped; gone ones are skipped.
+    A stopped process cannot catch or ignore SIGSTOP (signal(7))."""
+    stopped: list[int] = []
+    for _ in range(2):
+        for root in pids:
+            for pid in tree_pids(root):
+                if pid not in stopped:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped.append(pid)
+    return stopped
+
+
+def resume(pids: list[int]) -> None:
+    """SIGCONT each of ``pids`` (:func:`pause_trees`'s); gone ones are skipped."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
+
+
 def restore_scheduling(pid: int) -> list[int]:
     """The threads of ``pid`` whose CPU affinity, scheduling policy or niceness differ
     from this process's (which a worker inherits from the judge through its fork server),
