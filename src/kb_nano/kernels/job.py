@@ -260,7 +260,6 @@ def run(
     asked_at = time.time()
     with leasing.lease(n, root_p / "results/.locks", float(settings["timeout_s"]), ids=pool_ids) as ids:
         key = ",".join(ids) if ids else f"{settings['device']}"
-        judge = _judge(key, ids)
         request = {
             "asked_at": asked_at,
             "scenario": scenario,
@@ -272,8 +271,14 @@ def run(
             "root": str(root_p),
         }
         t0, started_at = time.perf_counter(), _utc_now()
-        with judge.lock:
-            reply = judge.ask(request, float(settings["timeout_s"]) + JUDGE_GRACE_S)
+        for attempt in range(3):
+            judge = _judge(key, ids)  # (a dead one is replaced)
+            with judge.lock:
+                # a judge that died under the job before this one (that job has its row) is
+                # replaced, not asked: its death is not this job's candidate's doing
+                if judge.proc.is_alive() or attempt == 2:
+                    reply = judge.ask(request, float(settings["timeout_s"]) + JUDGE_GRACE_S)
+                    break
         if "status" in reply:
             return reply["status"]
         dead = reply.get("dead")

@@ -1,0 +1,90 @@
+"""A judge killed from outside while it measures: its job ends without a row (the next
+run redoes it), and the job queued behind it gets a new judge and its own row, not the
+dead judge's `crashed`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from candidate_helpers import rms_candidate, write
+
+SLOW = """
+import time
+import torch.nn.functional as F
+from torch import nn
+import torch
+
+
+class Slow(nn.Module):
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.variance_epsilon = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x, residual=None):
+        time.sleep(0.05)
+        return F.rms_norm(x.float(), (x.shape[-1],), None, self.variance_epsilon).to(x.dtype) * self.weight
+"""
+
+
+@pytest.mark.slow
+def test_a_judge_killed_under_a_job_takes_no_row_and_spares_the_next_job(tmp_path, scenarios, settings):
+    from kb_nano.errors import KbNanoError
+    from kb_nano.kernels import job
+
+    full = {
+        **settings,
+        "num_runs": 50,
+        "seed": None,
+        "golden": None,
+        "num_trials": 3,
+        "cuda_graph": False,
+        "float32_matmul_precision": "highest",
+        "memory_limit_gb": None,
+        "roofline": None,
+    }
+    scenario = scenarios["rms_norm__llama32-1b__tp1__n4"]
+    slow, good = write(tmp_path / "candidates/rms_norm/slow.py", SLOW), rms_candidate(tmp_path, "good")
+    out = {n: tmp_path / f"results/kernels/rms_norm/{n}/{scenario['scenario_id']}.parquet" for n in ("slow", "good")}
+    results: dict = {}
+
+    def one(name, path):
+        try:
+            results[name] = job.run(
+                scenario,
+                f"rms_norm/{name}",
+                str(path),
+                full,
+                str(out[name]),
+                str(tmp_path / f"{name}.log"),
+                str(tmp_path),
+            )
+        except KbNanoError as exc:
+            results[name] = exc
+
+    try:
+        first = threading.Thread(target=one, args=("slow", slow))
+        first.start()
+        deadline = time.monotonic() + 120
+        while not ("cpu" in job._JUDGES and "judge started" in _log(tmp_path / "slow.log")):
+            assert time.monotonic() < deadline and first.is_alive(), results
+            time.sleep(0.05)
+        second = threading.Thread(target=one, args=("good", good))
+        second.start()  # queued behind the slow job on the judge's lock
+        time.sleep(1.0)  # the slow job's request is in flight (workers start, then 50+ calls of 0.05 s)
+        os.kill(job._JUDGES["cpu"].proc.pid, signal.SIGKILL)
+        first.join(120)
+        second.join(240)
+        assert isinstance(results["slow"], KbNanoError) and "interrupted (SIGKILL)" in str(results["slow"])
+        assert not out["slow"].exists()
+        assert results["good"] == "passed" and out["good"].is_file(), results
+    finally:
+        job.close_judges()
+
+
+def _log(path) -> str:
+    return path.read_text() if path.exists() else ""
