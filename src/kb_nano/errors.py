@@ -16,7 +16,7 @@ class ConfigError(KbNanoError):
     ``detail`` says what is wrong, led by the value where there is one
     (``results/kernels/x.json: that path belongs to ...``); the message is
     ``config <key>: <detail>`` (what the Snakefile reports), and the CLI names the flag or
-    the config file that set the key instead (:func:`kb_nano.cli.config.preflight`).
+    the config file that set the key instead (:func:`kb_nano.overrides.preflight`).
     """
 
     def __init__(self, key: str, detail: str) -> None:
@@ -41,3 +41,19 @@ def did_you_mean(name: str, known) -> str:
 
     best = max((str(k) for k in known), key=score, default=None)
     return f" (did you mean {best!r}?)" if best is not None and score(best) >= 0.6 else ""
+
+
+def one_line(exc: BaseException) -> str | None:
+    """The one line ``kb_nano`` prints for ``exc`` (as ``error: <line>``, with status 2): a
+    ``KbNanoError``'s message, or for a ``NotADirectoryError``/``FileExistsError`` of a
+    write under a file, that file and the fix (:func:`kb_nano.files.not_a_directory`);
+    None for anything else (a real bug keeps its traceback)."""
+    from pathlib import Path
+
+    from kb_nano.files import blocking_file, not_a_directory
+
+    if isinstance(exc, KbNanoError):
+        return str(exc)
+    filename = getattr(exc, "filename", None)
+    blocker = blocking_file(Path(filename)) if filename else None
+    return not_a_directory(blocker) if blocker is not None else None

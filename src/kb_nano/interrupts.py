@@ -158,3 +158,35 @@ def interrupted(wait_s: float = 0.0) -> bool:
         if left <= 0:
             break
     return _NOTED.is_set()
+
+
+def quiet_while_importing() -> None:
+    """In the ``kb_nano`` command before its imports: until the command's own handlers
+    (:func:`interrupts`) replace them, SIGINT, SIGTERM and SIGHUP (not ones inherited as
+    ignored) end the process with one line and status 130, instead of a
+    ``KeyboardInterrupt`` traceback from the middle of an import (or no line at all for
+    SIGTERM)."""
+
+    def end(signum, _frame) -> None:
+        os.write(2, f"interrupted ({signal.Signals(signum).name}) while kb_nano was starting\n".encode())
+        os._exit(130)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, end)
+
+
+def end_past_daemon_threads(code: int) -> None:
+    """At the end of the ``kb_nano`` command: a process that still has a daemon thread at
+    work (the manifest thread of :func:`kb_nano.workflow.start_manifest`, when a Ctrl-C or
+    an early error ends the run while it imports torch) ends here with ``os._exit(code)``
+    after flushing its output: the interpreter's shutdown would end that thread with
+    ``pthread_exit`` inside torch's C++ code, which aborts the process ("terminate called
+    without an active exception", status -6) instead of ending it with its status."""
+    if any(t.daemon and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):  # closed (>&-) or a reader gone (| head)
+                pass
+        os._exit(code)

@@ -1,7 +1,7 @@
 """Running the workflow as ``kb_nano`` does: Snakemake's own CLI in a process group of
 its own (:mod:`kb_nano.snakemake_main`), with the targets and the config override of one
 invocation, interrupted cleanly on SIGINT, SIGTERM, SIGHUP or kb_nano's death; which
-Snakemake options run no job; what to say when it failed."""
+Snakemake options run no job; what to say when it failed or was interrupted."""
 
 from __future__ import annotations
 
@@ -209,6 +209,30 @@ def workflow_failed(root: Path, code: int, tier: str) -> int:
             file=sys.stderr,
         )
     return code
+
+
+# where each command's finished work lies after a Ctrl-C (commands that write none say only
+# "interrupted"), and the merged file built from it: a merge the Ctrl-C stopped loses its
+# output (Snakemake deletes a killed job's outputs), which the next run rebuilds
+INTERRUPT_KEEPS = {
+    "kernels": ("results/kernels/", "results/kernels.parquet"),
+    "capture-golden": ("results/golden/", None),
+    "e2e": ("results/e2e/", "results/e2e.parquet"),
+    "eval": ("results/eval/", "results/eval.parquet"),
+}
+
+
+def interrupt_line(command: str, exc: KeyboardInterrupt) -> str:
+    """The last line of a run of ``command`` that ``exc`` interrupted: the signal a
+    :class:`~kb_nano.interrupts.SignalInterrupt` names, where the finished shards are
+    kept, and that a merged file an interrupted merge deleted is rebuilt from them by the
+    next run."""
+    how = f" ({exc.signum.name})" if isinstance(exc, SignalInterrupt) else ""
+    kept, merged = INTERRUPT_KEEPS.get(command, (None, None))
+    line = f"interrupted{how}" + (f"; finished shards are kept under {kept}" if kept else "")
+    if merged:
+        line += f"; {merged}, if its merge was stopped, is rebuilt from them on the next run"
+    return line
 
 
 PER_JOB_FILES = {"kernels": "shards", "e2e": "vLLM's JSON per job", "eval": "vLLM's JSON per job"}

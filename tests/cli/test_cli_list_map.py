@@ -125,7 +125,7 @@ def test_a_model_prefix_says_which_models_it_chose(capsys):
     a full key or a vendored Hub id is taken as given, without a note."""
     from workflow_helpers import REPO
 
-    from kb_nano.cli.config import select_models
+    from kb_nano.overrides import select_models
 
     configured = ["llama31-8b", "qwen3-8b", "llama32-1b"]
     assert select_models(["llama3"], configured, REPO) == ["llama31-8b", "llama32-1b"]

@@ -214,7 +214,7 @@ def test_help_shows_the_schemas_description_and_default(tmp_path):
 def test_the_flag_table_gives_typed_overrides(argv, given):
     """Each flag of the table parses to its key's schema type and only the flags given
     become overrides."""
-    from kb_nano.cli import flags
+    from kb_nano import flags
     from kb_nano.cli.parser import build_parser
 
     args = build_parser(REPO).parse_args(argv)
@@ -223,7 +223,7 @@ def test_the_flag_table_gives_typed_overrides(argv, given):
 
 def test_section_flags_and_their_checks():
     """e2e and eval flags set their section's keys; --pairs keeps argparse's own check."""
-    from kb_nano.cli import flags
+    from kb_nano import flags
     from kb_nano.cli.parser import build_parser
 
     parser = build_parser(REPO)

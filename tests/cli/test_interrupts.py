@@ -99,7 +99,7 @@ def test_ctrl_c_in_snakemake_itself_says_each_kernel_job_was_interrupted(tmp_pat
 
 def test_sigterm_is_named_in_the_last_line(monkeypatch, capsys):
     """A SIGTERM while a command runs ends it as a Ctrl-C does, named as SIGTERM."""
-    from kb_nano.cli import parser
+    from kb_nano.cli import commands, parser
 
     def stopped(args, passthrough):
         os.kill(os.getpid(), signal.SIGTERM)
@@ -108,7 +108,7 @@ def test_sigterm_is_named_in_the_last_line(monkeypatch, capsys):
 
     previous = signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(AssertionError("SIGTERM not handled")))
     try:
-        monkeypatch.setattr(parser, "cmd_kernels", stopped)
+        monkeypatch.setattr(commands, "cmd_kernels", stopped)
         assert parser.main(["kernels"]) == 130
     finally:
         signal.signal(signal.SIGTERM, previous)

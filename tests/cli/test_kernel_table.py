@@ -117,13 +117,13 @@ def test_load_warning_names_the_loaded_rows():
 def test_kernels_prints_the_load_warning_after_the_table(work, monkeypatch, capsys):
     """`kb_nano kernels` (both views) ends its table with the load warning when a row was
     measured on a loaded host."""
-    from kb_nano.cli import kernels as cli_kernels
+    from kb_nano.cli import commands as cli_commands
     from kb_nano.kernels.merge import summarize
 
     rows = [row("rms_norm", "torch_fused", speedup=1.3, load_avg_start=4.6, load_avg_end=5.3, cpus_available=2)]
     doc = {"rows": rows, "summary": summarize(rows)}
-    monkeypatch.setattr(cli_kernels, "run_tier", lambda *a: a[-1](doc))
-    monkeypatch.setattr(cli_kernels.kbw, "start_manifest", lambda root, effective: None)
+    monkeypatch.setattr(cli_commands, "run_tier", lambda *a: a[-1](doc))
+    monkeypatch.setattr(cli_commands.kbw, "start_manifest", lambda root, effective: None)
     monkeypatch.chdir(work)
     monkeypatch.setenv("COLUMNS", "200")
     from kb_nano.cli import main

@@ -96,14 +96,14 @@ def test_the_workflow_itself_names_a_file_in_a_jobs_directory(work):
 
 def test_the_cli_says_which_file_stops_its_own_writes(monkeypatch, capsys, tmp_path):
     """A write of the CLI itself (a directory it creates) under a file: one line."""
-    from kb_nano.cli import parser
+    from kb_nano.cli import commands, parser
 
     (tmp_path / "f").write_text("mine\n")
 
     def writes(args, passthrough):
         (tmp_path / "f/sub").mkdir(parents=True, exist_ok=True)
 
-    monkeypatch.setattr(parser, "cmd_history", writes)
+    monkeypatch.setattr(commands, "cmd_history", writes)
     assert parser.main(["history"]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path}/f: is a file, {FIX}\n"
 

@@ -88,12 +88,12 @@ def test_a_signal_to_kb_nano_alone_stops_the_whole_run(tmp_path, sig):
 def test_ctrl_c_names_where_that_commands_finished_work_is(monkeypatch, capsys, argv, func, kept):
     """A Ctrl-C ends any command with one line and status 130, naming the folder that
     command's finished shards are in (an interrupted `kb_nano eval` said results/kernels/)."""
-    from kb_nano.cli import parser
+    from kb_nano.cli import commands, parser
 
     def interrupted(args, passthrough):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(parser, func, interrupted)
+    monkeypatch.setattr(commands, func, interrupted)
     assert parser.main(argv) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("interrupted")

@@ -7,39 +7,12 @@ import signal
 import sys
 from pathlib import Path
 
-from kb_nano.cli import flags
-from kb_nano.cli.config import split_passthrough
-from kb_nano.cli.e2e import cmd_e2e, cmd_eval
-from kb_nano.cli.kernels import cmd_capture_golden, cmd_generate_inputs, cmd_kernels
-from kb_nano.cli.tracking import cmd_history, cmd_mlflow_ui
-from kb_nano.errors import KbNanoError
-from kb_nano.files import blocking_file, not_a_directory
-from kb_nano.interrupts import SignalInterrupt, interrupts
+from kb_nano import flags
+from kb_nano.cli import commands
+from kb_nano.errors import KbNanoError, one_line
+from kb_nano.interrupts import interrupts
+from kb_nano.launch import interrupt_line
 from kb_nano.paths import find_workflow_root
-
-
-def _tracking_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tracking-uri",
-        help="MLflow store (default: $MLFLOW_TRACKING_URI, config mlflow_tracking_uri, else sqlite results/mlflow.db)",
-    )
-    p.add_argument("--configfile", help="config file layered over config/config.yaml (for mlflow_tracking_uri)")
-
-
-def _cores(value: str) -> str:
-    if value == "all" or (value.isdigit() and int(value) > 0):
-        return value
-    raise argparse.ArgumentTypeError("must be a positive number or 'all'")
-
-
-def _snakemake_flags(p: argparse.ArgumentParser) -> None:
-    """The flags every command that runs the workflow shares."""
-    p.add_argument("--configfile", help="config file whose keys override config/config.yaml")
-    p.add_argument(
-        "--cores", default="all", type=_cores, help="Snakemake --cores: a positive number or 'all' (default)"
-    )
-    p.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
-    p.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command and rule details")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,13 +25,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(root: Path | None = None) -> argparse.ArgumentParser:
     """The argument parser of ``kb_nano``. The options that set config keys come from the
-    tables of :mod:`kb_nano.cli.flags`, their help and types from the config schema of the
+    tables of :mod:`kb_nano.flags`, their help and types from the config schema of the
     workflow at ``root`` (default: :func:`kb_nano.paths.find_workflow_root`). Raises
     ``KbNanoError`` when no workflow (its schema) is found."""
-    schema, embedded = flags.help_sources(root or find_workflow_root())
-
-    def add(p: argparse.ArgumentParser, table) -> None:
-        flags.add_flags(p, table, schema, embedded)
+    add = flags.option_adder(root or find_workflow_root())
 
     parser = _Parser(
         prog="kb_nano",
@@ -68,7 +38,7 @@ def build_parser(root: Path | None = None) -> argparse.ArgumentParser:
 
     k = sub.add_parser("kernels", help="Tier 1: candidates vs baselines on real model shapes")
     add(k, flags.KERNELS)
-    _snakemake_flags(k)
+    flags.add_snakemake_flags(k)
     k.add_argument("--list", action="store_true", help="list the operators (targets) and exit")
     k.add_argument("--level", type=int, choices=[1, 2, 3, 4], help="with --list: only this level")
     k.add_argument("--map", action="store_true", help="show each model's operators and per-rank shapes and exit")
@@ -98,12 +68,12 @@ def build_parser(root: Path | None = None) -> argparse.ArgumentParser:
         metavar="CANDIDATE",
         help="with --by-scenario (implied): also each candidate's time relative to this candidate's",
     )
-    k.set_defaults(func=cmd_kernels)
+    k.set_defaults(func=commands.cmd_kernels)
 
     g = sub.add_parser("generate-inputs", help="write the scenario manifest results/inputs/llm-<selection>.yaml")
     add(g, flags.GENERATE_INPUTS)
-    _snakemake_flags(g)
-    g.set_defaults(func=cmd_generate_inputs)
+    flags.add_snakemake_flags(g)
+    g.set_defaults(func=commands.cmd_generate_inputs)
 
     c = sub.add_parser("capture-golden", help="capture real inputs of attention / fused_moe / sampler from a model run")
     c.add_argument(
@@ -116,16 +86,12 @@ def build_parser(root: Path | None = None) -> argparse.ArgumentParser:
     c.add_argument("--weights", help="directory of local weights (default: random weights from the config)")
     add(c, flags.CAPTURE_GOLDEN)
     c.add_argument("--force", action="store_true", help="capture again even if the files are up to date")
-    _snakemake_flags(c)
-    c.set_defaults(func=cmd_capture_golden)
+    flags.add_snakemake_flags(c)
+    c.set_defaults(func=commands.cmd_capture_golden)
 
     e = sub.add_parser("e2e", help="Tier 2: vLLM's own benchmarks with candidates swapped into the engine")
     esub = e.add_subparsers(dest="kind", required=True)
-    for kind, text in (
-        ("throughput", "offline throughput (vllm bench throughput): requests/s, tokens/s"),
-        ("latency", "one batch end to end (vllm bench latency): average and percentiles"),
-        ("serve", "vllm serve on loopback driven by vllm bench serve: TTFT, TPOT, ITL, E2EL"),
-    ):
+    for kind, text in flags.E2E_KINDS.items():
         p = esub.add_parser(
             kind,
             help=text,
@@ -135,13 +101,13 @@ def build_parser(root: Path | None = None) -> argparse.ArgumentParser:
         add(p, flags.E2E)
         add(p, flags.workload_flags(kind))
         p.add_argument("--baseline", action="store_true", help="run only the baseline variant")
-        _snakemake_flags(p)
-        p.set_defaults(func=cmd_e2e)
+        flags.add_snakemake_flags(p)
+        p.set_defaults(func=commands.cmd_e2e)
 
     v = sub.add_parser("eval", help="Tier 3: standardized workloads x model x TP, baseline vs candidates (vLLM)")
     add(v, flags.EVAL)
-    _snakemake_flags(v)
-    v.set_defaults(func=cmd_eval)
+    flags.add_snakemake_flags(v)
+    v.set_defaults(func=commands.cmd_eval)
 
     h = sub.add_parser("history", help="past runs recorded in MLflow; --compare two of them")
     h.add_argument("--tier", choices=["kernels", "e2e", "eval"], help="only this tier (default: all)")
@@ -155,40 +121,17 @@ def build_parser(root: Path | None = None) -> argparse.ArgumentParser:
         metavar=("RUN_A", "RUN_B"),
         help="per-scenario speedup changes from run A to run B (run names, ids or unique id prefixes)",
     )
-    _tracking_flags(h)
-    h.set_defaults(func=cmd_history)
+    flags.add_tracking_flags(h)
+    h.set_defaults(func=commands.cmd_history)
 
     u = sub.add_parser("mlflow-ui", help="serve the MLflow UI on the kb-nano store and print its URL")
     u.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1, loopback only)")
     u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
     u.add_argument("--workers", type=int, default=1, help="server worker processes (default 1)")
     u.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for the server (default 120)")
-    _tracking_flags(u)
-    u.set_defaults(func=cmd_mlflow_ui)
+    flags.add_tracking_flags(u)
+    u.set_defaults(func=commands.cmd_mlflow_ui)
     return parser
-
-
-# where each command's finished work lies after a Ctrl-C (commands that write none say only
-# "interrupted"), and the merged file built from it: a merge the Ctrl-C stopped loses its
-# output (Snakemake deletes a killed job's outputs), which the next run rebuilds
-INTERRUPT_KEEPS = {
-    "kernels": ("results/kernels/", "results/kernels.parquet"),
-    "capture-golden": ("results/golden/", None),
-    "e2e": ("results/e2e/", "results/e2e.parquet"),
-    "eval": ("results/eval/", "results/eval.parquet"),
-}
-
-
-def interrupt_line(command: str, signum: signal.Signals | None) -> str:
-    """The last line of a run of ``command`` that ``signum`` (None: a plain
-    ``KeyboardInterrupt``) interrupted: where its finished shards are kept, and that a
-    merged file an interrupted merge deleted is rebuilt from them by the next run."""
-    how = f" ({signum.name})" if signum is not None else ""
-    kept, merged = INTERRUPT_KEEPS.get(command, (None, None))
-    line = f"interrupted{how}" + (f"; finished shards are kept under {kept}" if kept else "")
-    if merged:
-        line += f"; {merged}, if its merge was stopped, is rebuilt from them on the next run"
-    return line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     errors (and a file where kb-nano writes a directory) print ``error: <one line>`` and
     return 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    own, passthrough = split_passthrough(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    own, passthrough = argv[:cut], argv[cut + 1 :]
     try:
         parser = build_parser()
     except KbNanoError as exc:
@@ -207,16 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         # SIGTERM and SIGHUP too: a run stopped by a script or a closed terminal ends as a Ctrl-C does
         with interrupts((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             return args.func(args, passthrough)
-    except KbNanoError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (NotADirectoryError, FileExistsError) as exc:  # a file where this process writes a directory
-        blocker = blocking_file(Path(exc.filename)) if exc.filename else None
-        if blocker is None:
+    except (KbNanoError, NotADirectoryError, FileExistsError) as exc:  # (or a file where it writes a directory)
+        line = one_line(exc)
+        if line is None:
             raise
-        print(f"error: {not_a_directory(blocker)}", file=sys.stderr)
+        print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        signum = exc.signum if isinstance(exc, SignalInterrupt) else None
-        print(interrupt_line(args.command, signum), file=sys.stderr)
+        print(interrupt_line(args.command, exc), file=sys.stderr)
         return 130

@@ -290,3 +290,37 @@ def skipped_rows(plan: dict) -> list[dict]:
         for w in plan["workloads"].values()
         for variant in plan["variants"]
     ]
+
+
+def invocation(base: dict, section: dict, *, dry_run: bool, pool_given: bool) -> dict:
+    """The ``eval`` section of one ``kb_nano eval`` run: the effective config's
+    ``base['eval']`` updated with ``section`` (the flags' keys). Its jobs run here on GPUs
+    (a device other than ``cpu``, not ``dry_run``, a GPU visible) and ``--gpu-pool`` not
+    given (``pool_given``): ``gpu_pool`` at most the host's GPUs (:func:`kb_nano.gpus.pool`)."""
+    from kb_nano import gpus
+
+    ev = {**base["eval"], **section}
+    if not pool_given and not dry_run and ev["device"] != "cpu" and gpus.pool():
+        ev["gpu_pool"] = min(int(ev["gpu_pool"]), len(gpus.pool()))
+    return ev
+
+
+def announce(root: Path, config: dict, *, dry_run: bool) -> dict:
+    """:func:`plan` of the effective ``config`` as ``kb_nano eval`` starts it: raises
+    ``KbNanoError`` when vLLM is not installed (unless ``dry_run``,
+    :func:`kb_nano.e2e.installed.require_vllm`), says on stderr which (model, TP) it skips
+    and why, and, when no candidate is named, which ones the default chose
+    (:func:`kb_nano.e2e.plan.describe_choice`). Returns the plan."""
+    import sys
+
+    from kb_nano.e2e.installed import require_vllm
+    from kb_nano.e2e.plan import describe_choice
+
+    planned = plan(root, config)
+    if not dry_run:
+        require_vllm()
+    for key, tp, why in planned["skipped"]:
+        print(f"skip {key} tp={tp}: {why}", file=sys.stderr)
+    if not config["eval"]["candidates"]:
+        print(describe_choice(root, planned["device"], planned["candidates"], planned["model_specs"]))
+    return planned

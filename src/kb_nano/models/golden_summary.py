@@ -1,4 +1,6 @@
-"""What ``kb_nano capture-golden`` says about the golden files of the models it captured.
+"""What ``kb_nano capture-golden`` sets and says: the model keys and config override of one
+run (:func:`invocation`), and what it says about the golden files of the models it
+captured (:func:`summary_lines`).
 
 A module of its own: :mod:`kb_nano.models.golden` and :mod:`kb_nano.models.golden_inputs`
 are inputs of the ``capture_golden`` rule and of the kernel jobs that read golden tensors,
@@ -10,9 +12,32 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kb_nano.errors import KbNanoError
 from kb_nano.models.golden import GOLDEN_DIR
 
 SHAPES_SHOWN = 3  # tensors named per file; the rest are counted
+
+
+def invocation(
+    root: Path, base: dict, models: list[str], weights: str | None, num_layers: int | None
+) -> tuple[list[str], dict]:
+    """The model keys (the run's targets are their ``results/golden/{key}``) and the config
+    override (``models``, ``golden``: :func:`kb_nano.workflow.golden_settings`) of one
+    ``kb_nano capture-golden`` run of the ``--model`` values ``models`` (configured key
+    prefixes, keys, Hub ids or paths: :func:`kb_nano.overrides.select_models`) over the
+    effective config ``base``, with ``--weights`` and ``--num-layers``. Raises
+    ``KbNanoError`` for ``--weights`` with other than one model, and what selecting or
+    resolving a model raises."""
+    from kb_nano import workflow as kbw
+    from kb_nano.models.configs import resolve
+    from kb_nano.overrides import select_models
+
+    models = select_models(models, base["models"], root)
+    keys = [resolve(m, root).key for m in models]
+    if weights and len(keys) != 1:
+        raise KbNanoError(f"--weights: give exactly one --model with it (got {', '.join(keys)})")
+    golden = kbw.golden_settings(base, num_layers, (keys[0], weights) if weights else None)
+    return keys, {"models": models, "golden": golden}
 
 
 def summary_lines(root: Path, keys: list[str]) -> list[str]:

@@ -260,3 +260,24 @@ def map_tables(examples: ModelExamples) -> Iterator[Table]:
                 where = op.used_in + (f" ({layers} of {facts['num_hidden_layers']} layers)" if layers else "")
                 table.add_row(f"{name} ({label})" if label else name, f"L{op.level}", where, *cells)
         yield table
+
+
+def print_listing(root: Path, specs: list[str], tps: list[int], level: int | None = None, map_: bool = False) -> int:
+    """``kernels --list [--level N]``: the operator registry with each candidate contract
+    and the baseline's state_dict shapes (:func:`operator_table`); with ``map_``
+    (``kernels --map``): each model's operators with their per-rank input shapes at each
+    TP (:func:`map_tables`). For the models ``specs`` and the TPs ``tps`` of the workflow
+    at ``root``; fitted to the console's width. Returns 0."""
+    from kb_nano.console import make_console
+
+    examples = ModelExamples(root, specs, tps)
+    console = make_console()
+    if map_:
+        for table in map_tables(examples):
+            console.print(table)
+        return 0
+    title = "kb-nano operators" + (f" (level {level})" if level else "")
+    table, count = operator_table(examples, level, console.width, title)
+    console.print(table)
+    console.print(list_lines(count, level))
+    return 0

@@ -1,5 +1,6 @@
 """The tables of ``kb_nano history``: the runs, and ``--compare``'s rows, fitted to the
-terminal's width (:func:`kb_nano.console.fit_table`)."""
+terminal's width (:func:`kb_nano.console.fit_table`), and the command's output printed
+from them (:func:`print_history`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kb_nano.console import Column, fit_table
+from kb_nano.errors import KbNanoError
 from kb_nano.tracking.store import RUN_NAME_CHARS
 
 # ``drop``: left out first when the terminal is too narrow; drop 0 always stays
@@ -140,3 +142,57 @@ def only_table(result: dict, width: int | None = None) -> Table | None:
     return fit_table(
         list(ONLY_COLUMNS), cells, width, "rows only one run has, though both runs selected them (not compared)"
     )
+
+
+def print_history(
+    uri: str,
+    compare: list[str] | None = None,
+    *,
+    tier: str | None = None,
+    target: str | None = None,
+    candidate: str | None = None,
+    model: str | None = None,
+    limit: int = 20,
+) -> int:
+    """``kb_nano history`` on the MLflow store ``uri``: the runs matching the filters
+    (:func:`kb_nano.tracking.history.list_runs`) as a table, or with ``compare``
+    (``[RUN_A, RUN_B]``) the rows both runs have with their speedup changes and whether
+    each is significant, the rows only one has, and a summary line
+    (:func:`kb_nano.tracking.history.compare_runs`); read through the MLflow client.
+    Tables fit the console's width. Returns 0. A store MLflow cannot read (e.g. a corrupt
+    SQLite file) raises ``KbNanoError`` (one line)."""
+    try:
+        _print_history(uri, compare, tier=tier, target=target, candidate=candidate, model=model, limit=limit)
+    except KbNanoError:
+        raise
+    except Exception as exc:
+        if not type(exc).__module__.startswith(("sqlalchemy", "mlflow", "sqlite3", "alembic")):
+            raise
+        raise KbNanoError(
+            f"the MLflow store {uri} cannot be read ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:160]}); move it away or point --tracking-uri elsewhere"
+        ) from None
+    return 0
+
+
+def _print_history(uri: str, compare: list[str] | None, **filters) -> None:
+    from kb_nano.console import make_console
+    from kb_nano.tracking import history
+
+    console = make_console()
+    if compare:
+        result = history.compare_runs(uri, *compare)
+        console.print(compare_table(result, width=console.width))
+        only = only_table(result, width=console.width)
+        if only is not None:
+            console.print(only)
+        console.print(history.compare_summary(result))
+        return
+    runs = history.list_runs(uri, **filters)
+    shown = ", ".join(f"{k} {v}" for k, v in filters.items() if v and k != "limit")
+    if not runs:
+        print(f"no kb-nano runs{' matching ' + shown if shown else ''} in {uri}")
+        return
+    title = "kb-nano history" + (f" ({shown})" if shown else "")
+    console.print(history_table(runs, title=title, width=console.width))
+    print(f"store: {uri}")

@@ -119,6 +119,18 @@ def resolve_tracking_uri(root: Path, config: dict | None = None, explicit: str |
     return default_tracking_uri(root)
 
 
+def command_tracking_uri(configfile: str | None, explicit: str | None) -> str:
+    """The store a ``kb_nano`` command reads (``history``, ``mlflow-ui``):
+    :func:`resolve_tracking_uri` of the workflow (:func:`kb_nano.paths.find_workflow_root`)
+    with its effective config (``configfile`` over ``config/config.yaml``:
+    :func:`kb_nano.config.load`) and ``explicit`` (``--tracking-uri``)."""
+    from kb_nano.config import load
+    from kb_nano.paths import find_workflow_root
+
+    root = find_workflow_root()
+    return resolve_tracking_uri(root, load(root, configfile), explicit=explicit)
+
+
 def _normalize(uri: str, root: Path) -> str:
     if uri.startswith("sqlite:"):
         if not uri.startswith("sqlite:///") or uri[len("sqlite:///") :] in ("", ":memory:"):

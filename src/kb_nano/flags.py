@@ -1,8 +1,10 @@
-"""The flags that set config keys: one table of (flag, config key) per command, from which
-the argparse options (type, choices, nargs, help = the key's schema description and
-default), the config override of an invocation and the flag named in an error about a
-key all come. The schema (``workflow/schemas/config.schema.yaml``) is the one place of
-each key's default and meaning; flags that are no config key stay in ``parser.py``."""
+"""The ``kb_nano`` flags that set config keys: one table of (flag, config key) per command,
+from which the argparse options (type, choices, nargs, help = the key's schema description
+and default), the config override of an invocation (:mod:`kb_nano.overrides`) and the flag
+named in an error about a key all come. The schema (``workflow/schemas/config.schema.yaml``)
+is the one place of each key's default and meaning. Also the flags that go to Snakemake
+(:func:`add_snakemake_flags`) or name the MLflow store (:func:`add_tracking_flags`); the
+commands' other flags are in the CLI's parser (:mod:`kb_nano.cli.parser`)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,32 @@ def positive_int(value: str) -> int:
     raise argparse.ArgumentTypeError("must be a positive integer")
 
 
+def cores(value: str) -> str:
+    """argparse type of ``--cores``: a positive integer or ``all``."""
+    if value == "all" or (value.isdigit() and int(value) > 0):
+        return value
+    raise argparse.ArgumentTypeError("must be a positive number or 'all'")
+
+
+def add_snakemake_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every command that runs the workflow shares: its config file and
+    Snakemake's ``--cores``, dry run and verbosity."""
+    p.add_argument("--configfile", help="config file whose keys override config/config.yaml")
+    p.add_argument("--cores", default="all", type=cores, help="Snakemake --cores: a positive number or 'all' (default)")
+    p.add_argument("-n", "--dry-run", action="store_true", help="show the jobs without running them")
+    p.add_argument("-v", "--verbose", action="store_true", help="print the Snakemake command and rule details")
+
+
+def add_tracking_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the commands that read the MLflow store: the store and the config file
+    that may name it."""
+    p.add_argument(
+        "--tracking-uri",
+        help="MLflow store (default: $MLFLOW_TRACKING_URI, config mlflow_tracking_uri, else sqlite results/mlflow.db)",
+    )
+    p.add_argument("--configfile", help="config file layered over config/config.yaml (for mlflow_tracking_uri)")
+
+
 def same(keys: str, section: str = "") -> tuple[Flag, ...]:
     """Flags named as their keys (``num_warmup`` -> ``--num-warmup``), of ``section`` if given."""
     return tuple(Flag("--" + k.replace("_", "-"), f"{section}.{k}" if section else k) for k in keys.split())
@@ -65,6 +93,11 @@ E2E = (
     Flag("--pairs", "e2e.pairs", type=positive_int),
     *same("timeout_s device", "e2e"),
 )
+E2E_KINDS = {  # what each `kb_nano e2e` kind runs (its help)
+    "throughput": "offline throughput (vllm bench throughput): requests/s, tokens/s",
+    "latency": "one batch end to end (vllm bench latency): average and percentiles",
+    "serve": "vllm serve on loopback driven by vllm bench serve: TTFT, TPOT, ITL, E2EL",
+}
 RANDOM = "dataset_name random_input_len random_output_len random_range_ratio num_prompts"
 WORKLOAD_FIELDS = {  # the workload flags of each `kb_nano e2e` kind (fields of an e2e.workloads entry)
     "throughput": f"input_len output_len {RANDOM}",
@@ -173,12 +206,14 @@ def given(args: argparse.Namespace, flags) -> dict:
     return out
 
 
-def help_sources(root: Path) -> tuple[dict, dict]:
-    """The schema and the embedded config (``config/config.yaml`` as written, no defaults
-    filled) that the options' help is built from; read with PyYAML alone, so building the
-    parser stays cheap. Raises ``KbNanoError`` when the schema is missing."""
+def option_adder(root: Path) -> Callable[[argparse.ArgumentParser, tuple[Flag, ...]], None]:
+    """``add(parser, table)``: :func:`add_flags` with the help sources of the workflow at
+    ``root``, its schema and its embedded config (``config/config.yaml`` as written, no
+    defaults filled), read once with PyYAML alone, so building the parser stays cheap.
+    Raises ``KbNanoError`` when the schema is missing."""
     from kb_nano.config import schema
 
     path = root / DEFAULT_CONFIG
     embedded = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
-    return schema(root), embedded
+    sources = schema(root), embedded
+    return lambda parser, table: add_flags(parser, table, *sources)

@@ -1,22 +1,17 @@
-"""The CLI's config: the embedded default and ``--configfile`` layered with the flags, and the checks that give bad input one line before Snakemake starts."""
+"""The config override of one ``kb_nano`` invocation: the values of its flags
+(:mod:`kb_nano.flags`) as config keys, the models ``--model`` selects, and the preflight
+that gives bad input one line before Snakemake starts, naming the flag or the config file
+that set a bad key."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from kb_nano import operators
+from kb_nano import flags, operators
 from kb_nano.checks import check_effective
-from kb_nano.cli import flags
 from kb_nano.config import DEFAULT_CONFIG, error_text, first_error
 from kb_nano.errors import ConfigError, KbNanoError, did_you_mean
-
-
-def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1 :]
-    return argv, []
 
 
 def user_paths(specs: list[str], root: Path) -> list[str]:
@@ -55,9 +50,19 @@ def select_models(requested: list[str], configured: list[str], root: Path, where
     return chosen
 
 
+def section(args, table, root: Path) -> dict:
+    """The keys of a config section (``e2e``, ``eval``) that the flags of ``table`` given
+    in ``args`` set (:func:`kb_nano.flags.given`), ``--model`` values as the workflow reads
+    them (:func:`user_paths`)."""
+    out = flags.given(args, table)
+    if args.model:
+        out["models"] = user_paths(args.model, root)
+    return out
+
+
 def config_overrides(args, root: Path, base: dict) -> dict:
     """The top-level config keys the flags of ``kernels`` / ``generate-inputs`` set
-    (:data:`kb_nano.cli.flags.KERNELS`; ``--model`` through :func:`select_models`).
+    (:data:`kb_nano.flags.KERNELS`; ``--model`` through :func:`select_models`).
     Raises ``KbNanoError`` for an unknown target, category or model."""
     cfg = flags.given(args, flags.KERNELS)
     if "models" in cfg:
