@@ -217,3 +217,22 @@ def option_adder(root: Path) -> Callable[[argparse.ArgumentParser, tuple[Flag, .
     embedded = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
     sources = schema(root), embedded
     return lambda parser, table: add_flags(parser, table, *sources)
+
+
+def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]) -> None:
+    """Exit through the chosen (sub)command's parser with one line naming each argument
+    of ``unknown`` that it does not know, with the closest of its options where one is
+    close (``--targt`` -> ``--target``, :func:`kb_nano.errors.did_you_mean`), and, for a
+    command that runs Snakemake, where Snakemake's own options go (after ``--``)."""
+    from kb_nano.errors import did_you_mean
+
+    sub = parser
+    for name in (getattr(args, "command", None), getattr(args, "kind", None)):
+        chosen = [a for a in sub._actions if isinstance(a, argparse._SubParsersAction)]
+        if not chosen or name is None:
+            break
+        sub = chosen[0].choices[name]
+    options = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+    named = [u + (did_you_mean(u.split("=")[0], options) if u.startswith("-") else "") for u in unknown]
+    after = "; Snakemake's own options go after --" if "--cores" in options else ""  # a command that runs it
+    sub.error(f"unrecognized arguments: {' '.join(named)}{after}")

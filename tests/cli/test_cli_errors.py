@@ -149,3 +149,20 @@ def test_a_bad_flag_value_is_one_line():
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "invalid choice: 'fastest'" in out.stderr and "kb_nano kernels --help" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["kernels", "--targt", "rms_norm"], "unrecognized arguments: --targt (did you mean '--target'?) rms_norm"),
+        (["e2e", "latency", "--input-lenn", "3"], "--input-lenn (did you mean '--input-len'?)"),
+        (["history", "--limt", "3"], "unrecognized arguments: --limt (did you mean '--limit'?) 3 (see"),
+    ],
+)
+def test_a_mistyped_flag_names_the_closest_one(work, argv, needle):
+    """A misspelt option is one line from the subcommand's parser naming the flag it
+    resembles (and, where Snakemake runs, that its own options go after --)."""
+    out = kb_nano(work, *argv)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+    assert ("go after --" in lines[0]) == (argv[0] != "history")

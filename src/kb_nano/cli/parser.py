@@ -146,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except KbNanoError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    args = parser.parse_args(own)
+    args, unknown = parser.parse_known_args(own)
+    if unknown:
+        flags.unrecognized(parser, args, unknown)
     try:
         # SIGTERM and SIGHUP too: a run stopped by a script or a closed terminal ends as a Ctrl-C does
         with interrupts((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
