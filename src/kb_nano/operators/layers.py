@@ -225,11 +225,19 @@ def _layer_inputs(args, facts, tp, num_tokens, dtype):
     config = args["config"]
     _check_sliding_window(config, num_tokens)
     return [
-        normal("hidden_states", [num_tokens, config["hidden_size"]], dtype),
-        randint(
-            "positions", [num_tokens], 0, int(config.get("max_position_embeddings") or facts["max_position_embeddings"])
-        ),
+        normal("hidden_states", [num_tokens, facts["hidden_size"]], dtype),
+        randint("positions", [num_tokens], 0, _positions(config, facts)),
     ]
+
+
+def _positions(config: dict, facts: dict) -> int:
+    """The positions a scenario draws below: the model's ``max_position_embeddings`` (the
+    facts read it through the config object: GPT-2's ``n_positions``), else the config.json
+    field. Raises ``NotApplicable`` for a model without one (ALiBi)."""
+    limit = facts.get("max_position_embeddings") or config.get("max_position_embeddings")
+    if not limit:
+        raise NotApplicable("not covered: the config has no max_position_embeddings to draw positions below")
+    return int(limit)
 
 
 def _model_init_args(facts: dict, tp: int) -> dict:
@@ -253,10 +261,8 @@ def _model_inputs(args, facts, tp, num_tokens, dtype):
     config = args["config"]
     _check_sliding_window(config, num_tokens)
     return [
-        randint("input_ids", [num_tokens], 0, int(config["vocab_size"])),
-        randint(
-            "positions", [num_tokens], 0, int(config.get("max_position_embeddings") or facts["max_position_embeddings"])
-        ),
+        randint("input_ids", [num_tokens], 0, int(facts["vocab_size"])),
+        randint("positions", [num_tokens], 0, _positions(config, facts)),
     ]
 
 
