@@ -31,10 +31,11 @@ class SplitGemmMLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden_size, 2 * self.shard, bias=False)
         self.down_proj = nn.Linear(self.shard, hidden_size, bias=False)
         self.gelu = hidden_act != "silu"
+        self.approximate = "none" if hidden_act == "gelu" else "tanh"  # exact GELU, or Gemma's tanh form
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.gate_up_proj.weight
         gate = F.linear(x, w[: self.shard])
         up = F.linear(x, w[self.shard :])
-        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate, inplace=True)
+        act = F.gelu(gate, approximate=self.approximate) if self.gelu else F.silu(gate, inplace=True)
         return F.linear(act.mul_(up), self.down_proj.weight)

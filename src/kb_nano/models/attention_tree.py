@@ -21,13 +21,41 @@ PROBE_ROWS = 4  # random rows each probe of a module's computation runs on (norm
 # (GPT-NeoX and Falcon fuse the projections as ``query_key_value`` and call the output one
 # ``dense``); a dropout child is the identity at inference
 ATTENTION_CHILDREN = {
-    *("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "query_key_value", "dense"),
+    *("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "query_key_value", "dense", "out_proj"),
     *("q_norm", "k_norm", "qk_norm", "rotary_emb"),
 }
+# (OPT, GPT-J and Lfm2 call the output projection ``out_proj``; the per-head q/k norm pairs
+# of :func:`qk_norm_names` count as q/k norms whatever they are called)
 
+# A q/k norm child of an attention module: ``q`` or ``query``, ``_``, then a norm's name
+# (Qwen3's ``q_norm``, Lfm2's and Persimmon's ``q_layernorm``, HunYuan's
+# ``query_layernorm``); its k partner has the same suffix after ``k`` / ``key``
+_Q_NORM_NAME = re.compile(r"^(q|query)_(\w*norm\w*|ln)$")
+_K_PREFIX = {"q": "k", "query": "key"}
+
+
+def qk_norm_names(module: torch.nn.Module) -> tuple[str, str] | None:
+    """The names of the attention module's per-head q and k norm children (``q_norm`` /
+    ``k_norm``, ``q_layernorm`` / ``k_layernorm``, ``query_layernorm`` / ``key_layernorm``:
+    a ``q``/``query`` child named as :data:`_Q_NORM_NAME` whose ``k``/``key`` partner of the
+    same suffix is a module too), or None."""
+    children = dict(module.named_children())
+    for name in children:
+        match = _Q_NORM_NAME.match(name)
+        if match:
+            partner = f"{_K_PREFIX[match[1]]}_{match[2]}"
+            if isinstance(children.get(partner), torch.nn.Module):
+                return name, partner
+    return None
+
+
+# The names transformers gives the list of decoder layers: ``layers`` (Llama and most),
+# ``h`` (GPT-2-style trees: GPT-2, GPT-J, Bloom, Falcon), ``blocks`` (MPT, DBRX)
+LAYER_LISTS = r"(layers|h|blocks)"
 # The names transformers gives a decoder layer's self-attention module: ``self_attn``
-# (Llama and most), ``attention`` (GPT-NeoX), ``self_attention`` (Falcon)
-_ATTENTION_NAME = re.compile(r"(^|\.)(layers|h)\.\d+\.(self_attn|attention|self_attention)$")
+# (Llama and most), ``attention`` (GPT-NeoX), ``self_attention`` (Falcon, Bloom), ``attn``
+# (GPT-2, GPT-J, MPT)
+_ATTENTION_NAME = re.compile(rf"(^|\.){LAYER_LISTS}\.\d+\.(self_attn|attention|self_attention|attn)$")
 
 
 # The layer types (transformers' ``config.layer_types``) whose attention kb-nano computes:
@@ -65,14 +93,14 @@ def _layer_type(module: torch.nn.Module) -> str | None:
 
 def first_decoder_layer(lm: torch.nn.Module) -> torch.nn.Module | None:
     """The first decoder layer of the causal LM ``lm``: the module named ``...layers.0``
-    (``...h.0`` in GPT-2-style trees, Falcon's), or None."""
-    return next((m for n, m in lm.named_modules() if re.search(r"(^|\.)(layers|h)\.0$", n)), None)
+    (``...h.0`` in GPT-2-style trees, Falcon's; ``...blocks.0``: MPT), or None."""
+    return next((m for n, m in lm.named_modules() if re.search(rf"(^|\.){LAYER_LISTS}\.0$", n)), None)
 
 
 def attention_modules(lm: torch.nn.Module) -> list[torch.nn.Module]:
     """The self-attention module of each decoder layer of the causal LM ``lm``, in layer
-    order: the child named ``self_attn``, ``attention`` or ``self_attention`` of a
-    module named ``...layers.<i>`` or ``...h.<i>``."""
+    order: the child named ``self_attn``, ``attention``, ``self_attention`` or ``attn`` of
+    a module named ``...layers.<i>``, ``...h.<i>`` or ``...blocks.<i>`` (:data:`LAYER_LISTS`)."""
     return [m for n, m in lm.named_modules() if _ATTENTION_NAME.search(n)]
 
 
@@ -189,10 +217,9 @@ def attention_layers(lm: torch.nn.Module) -> dict:
             return {"kinds": [], "reason": mla}
         if _alibi(module):
             return {"kinds": [], "reason": f"not covered: {cls} adds an ALiBi position bias to the logits"}
+        known = ATTENTION_CHILDREN | set(qk_norm_names(module) or ())
         extra = sorted(
-            n
-            for n, child in module.named_children()
-            if n not in ATTENTION_CHILDREN and not isinstance(child, torch.nn.Dropout)
+            n for n, child in module.named_children() if n not in known and not isinstance(child, torch.nn.Dropout)
         )
         own = sorted(n for n, _ in module.named_parameters(recurse=False) if n != "sinks")
         if (extra or own) and mla is None:
@@ -229,7 +256,7 @@ def attention_layers(lm: torch.nn.Module) -> dict:
         has = f" ({type(layer).__name__} has {', '.join(dict(layer.named_children()))})" if layer is not None else ""
         return {
             "kinds": [],
-            "reason": f"not covered: no decoder layer has a self_attn, attention or self_attention module{has}",
+            "reason": f"not covered: no decoder layer has a self_attn, attention, self_attention or attn module{has}",
         }
     return {"kinds": list(kinds.values()), "reason": None}
 

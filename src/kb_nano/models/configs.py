@@ -12,6 +12,7 @@ Hub itself is never contacted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -128,12 +129,29 @@ def check_config_file(ref: ModelRef, root: Path) -> None:
     # A multimodal file's text_config lists only the fields that differ from its text
     # config class's defaults (Gemma-3's has no head counts or vocab_size): there the
     # defaults are the model's, as the Hub file relies on them.
+    # GPT-2's n_embd / n_head / n_layer, MPT's d_model / n_heads: names of the config class's
+    # attribute_map (:func:`field_aliases`, looked up only when a standard name is absent)
     missing = [] if isinstance(data.get("text_config"), dict) else [k for k in REQUIRED_FIELDS if k not in data]
+    aliases = field_aliases(data["model_type"]) if missing else {}
+    missing = [k for k in missing if aliases.get(k) not in data]
     if missing:
         raise KbNanoError(f"{path}: field(s) {', '.join(missing)} missing; kb-nano derives shapes from them")
     for fields in (data, data.get("text_config")):
         if isinstance(fields, dict):
-            check_shape_fields(fields, path)
+            check_shape_fields(fields, path, aliases)
+
+
+@functools.cache
+def field_aliases(model_type) -> dict[str, str]:
+    """The ``attribute_map`` of the transformers config class of ``model_type``: a standard
+    field name -> the name its config.json uses (GPT-2: ``hidden_size`` -> ``n_embd``; MPT,
+    DBRX: ``d_model``, ``n_heads``), as the config object resolves them; ``{}`` for a
+    ``model_type`` transformers does not know. Imports transformers (its config classes)."""
+    from transformers import CONFIG_MAPPING
+
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        return {}
+    return dict(getattr(CONFIG_MAPPING[model_type], "attribute_map", None) or {})
 
 
 def check_unique_keys(refs: list[ModelRef]) -> None:
@@ -232,7 +250,7 @@ def load_config(ref: ModelRef, root: Path):
     if isinstance(data, dict):
         for fields in (data, data.get("text_config")):
             if isinstance(fields, dict):
-                check_shape_fields(fields, file)
+                check_shape_fields(fields, file, field_aliases(fields.get("model_type")))
     try:
         with quiet_transformers():
             config = AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
@@ -271,7 +289,7 @@ SHAPE_FIELDS = (
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts")
 
 
-def check_shape_fields(fields: dict, path: Path) -> None:
+def check_shape_fields(fields: dict, path: Path, aliases: dict[str, str] | None = None) -> None:
     """Every field of :data:`SHAPE_FIELDS` that ``fields`` (a config.json's object, or its
     ``text_config``) sets to a value other than null is a positive integer, and every one
     of :data:`EXPERT_COUNT_FIELDS` a non-negative one (``true`` is not an integer here), and
@@ -279,9 +297,11 @@ def check_shape_fields(fields: dict, path: Path) -> None:
     positive number.
     Raises ``KbNanoError`` naming ``path``, the field, its value and what is expected: a
     head count of -4 or 0 would otherwise fail later as a traceback inside an operator's
-    shape rule, or inside transformers."""
+    shape rule, or inside transformers. ``aliases`` (:func:`field_aliases`): a field is
+    checked under the name the config class maps it to as well (GPT-2's ``n_embd``)."""
+    aliases = aliases or {}
     for names, least, what in ((SHAPE_FIELDS, 1, "a positive integer"), (EXPERT_COUNT_FIELDS, 0, "an integer >= 0")):
-        for field in names:
+        for field in (f for name in names for f in (name, aliases.get(name)) if f):
             value = fields.get(field)
             if value is None:
                 continue
@@ -311,7 +331,10 @@ def model_facts(config, ref: ModelRef) -> dict:
     hidden_size / num_attention_heads as in the transformers Llama code.
     ``intermediate_size`` and ``rms_norm_eps`` are None where the config has none (GPT-NeoX,
     Falcon: the operators that need them then say ``not covered``; the norms read their
-    eps from the model's own norm modules first). Raises ``KbNanoError`` naming a required
+    eps from the model's own norm modules first), and ``max_position_embeddings`` where the
+    model has no position limit (Bloom, MPT: ALiBi). Every field is read through the config
+    object, so the names of its class's ``attribute_map`` count (GPT-2's ``n_embd``,
+    ``n_positions``; MPT's ``d_model``). Raises ``KbNanoError`` naming a required
     field the config lacks (its values were checked by :func:`load_config`).
     """
 
@@ -349,7 +372,8 @@ def model_facts(config, ref: ModelRef) -> dict:
         "vocab_size": int(need("vocab_size")),
         "rms_norm_eps": _optional(config, "rms_norm_eps", float),
         "hidden_act": str(getattr(config, "hidden_act", "silu")),
-        "max_position_embeddings": int(need("max_position_embeddings")),
+        # None where the model has no position limit (Bloom, MPT: ALiBi, no position table)
+        "max_position_embeddings": _optional(config, "max_position_embeddings", int),
         "num_hidden_layers": int(need("num_hidden_layers")),
         "rope": {k: _plain(v) for k, v in sorted(rope.items())},
         # transformers 5 keeps partial_rotary_factor in rope_parameters (older: an attribute).

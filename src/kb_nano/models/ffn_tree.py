@@ -9,7 +9,12 @@ the CPU against :func:`kb_nano.operators.moe_parts.swiglu_oai`) and whether they
 
 from __future__ import annotations
 
+import copy
+import re
+
 import torch
+
+from kb_nano.models.attention_tree import LAYER_LISTS
 
 # The MoE blocks whose routing and experts the ``fused_moe`` baseline computes (it is
 # tested equal to them), each with the semantics of its scenarios: softmax top-k routing with
@@ -31,14 +36,27 @@ SEMANTICS_ACT = {"": "silu", "deepseek_v3": "silu", "gpt_oss": "swigluoai", "lla
 
 
 def activation_name(module: torch.nn.Module) -> str | None:
-    """``silu`` or ``gelu_tanh`` for a transformers activation module (``SiLUActivation``,
-    ``nn.SiLU``; ``GELUTanh``, ``PytorchGELUTanh``), else None."""
+    """``silu``, ``gelu_tanh`` or ``gelu`` (exact, erf) for a transformers activation module
+    (``SiLUActivation``, ``nn.SiLU``; ``GELUTanh``, ``PytorchGELUTanh``; others probed:
+    ``GELUActivation`` of ``hidden_act`` ``gelu`` is exact, ``NewGELUActivation`` of
+    ``gelu_new`` the tanh form), else None. Probed on :data:`PROBE_WIDTH` values in [-6, 6]
+    on the CPU against ``F.silu`` and ``F.gelu`` with each ``approximate`` (the two GELUs
+    differ by up to 5e-4 there; the probe's tolerance is 1e-6)."""
     name = type(module).__name__
     if "SiLU" in name:
         return "silu"
     if "GELUTanh" in name:
         return "gelu_tanh"
-    return None
+    probe = torch.linspace(-6.0, 6.0, PROBE_WIDTH, dtype=torch.float64)
+    try:
+        with torch.no_grad():
+            out = copy.deepcopy(module).to_empty(device="cpu")(probe)
+    except Exception:  # noqa: BLE001 - any failure of the module's own code: not one of these
+        return None
+    F = torch.nn.functional
+    forms = {"silu": F.silu(probe), "gelu_tanh": F.gelu(probe, approximate="tanh"), "gelu": F.gelu(probe)}
+    same = [k for k, want in forms.items() if isinstance(out, torch.Tensor) and torch.allclose(out, want, atol=1e-6)]
+    return same[0] if same else None
 
 
 def experts_facts(experts: torch.nn.Module) -> dict:
@@ -111,6 +129,9 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
 
     def add(module: torch.nn.Module, where: str) -> None:
         children = dict(module.named_children())
+        meta_act = w123_activation(module)  # Lfm2's w1 / w3 / w2, probed
+        if meta_act is not None:
+            children = {"gate_proj": module.w1, "up_proj": module.w3, "down_proj": module.w2}
         if "up_proj" in children:
             width = int(children["up_proj"].out_features)
         elif "gate_up_proj" in children:
@@ -127,15 +148,17 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
             for n, v in sorted(vars(module).items())
             if n.endswith("multiplier") and isinstance(v, int | float) and not isinstance(v, bool) and v != 1
         )
-        key = (where, type(module).__name__, width, type(act).__name__ if act is not None else None, gated, bias)
-        key += (scaled,)
+        act_class = type(act).__name__ if act is not None else None
+        if meta_act is not None:
+            act_class = f"{meta_act} (probed)"
+        key = (where, type(module).__name__, width, act_class, gated, bias, scaled)
         entry = dense.setdefault(
             key,
             {
                 "where": where,
                 "class": key[1],
                 "intermediate_size": width,
-                "act": activation_name(act) if act is not None else None,
+                "act": meta_act or (activation_name(act) if act is not None else None),
                 "act_class": key[3],
                 "gated": gated,
                 "bias": bias,
@@ -145,8 +168,9 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
         )
         entry["layers"] += 1
 
+    in_layer = re.compile(rf"(^|\.){LAYER_LISTS}\.\d+\.[^.]+$")  # a decoder layer's own child
     for name, module in lm.named_modules():
-        if name.rsplit(".", 1)[-1] not in FFN_NAMES or ".layers." not in name:
+        if name.rsplit(".", 1)[-1] not in FFN_NAMES or not in_layer.search(name):
             continue
         children = dict(module.named_children())
         if "experts" not in children:
@@ -158,10 +182,43 @@ def mlp_blocks(lm: torch.nn.Module) -> dict:
         if moe is None:
             moe = moe_block(module)
     if not dense and moe is None:
-        where = " / ".join(f"layers.*.{n}" for n in FFN_NAMES)
+        where = "a decoder layer's " + " / ".join(FFN_NAMES)
         reason = f"not covered: no feed-forward block found ({where})"
         moe = {"class": None, "semantics": "", "reason": reason, "experts": None}
     return {"dense": list(dense.values()), "moe": moe}
+
+
+# The gated MLP of Meta's original naming (Llama's reference code, Lfm2): ``w2(act(w1(x)) * w3(x))``
+W123 = ("w1", "w2", "w3")
+
+
+def w123_activation(meta_module: torch.nn.Module) -> str | None:
+    """For an MLP whose children are exactly the ``nn.Linear`` layers ``w1``, ``w2``, ``w3``
+    (gate, down, up: Lfm2's ``Lfm2MLP``): the activation ``act`` (``silu``, ``gelu_tanh``,
+    ``gelu``) for which it computes ``w2(act(w1(x)) * w3(x))``, probed on the CPU with
+    random weights on :data:`PROBE_WIDTH` random rows (float64, tolerance 1e-9); None for
+    other modules or other computations. The names alone do not say which of w1 and w3 is
+    the gate: the probe does."""
+    F = torch.nn.functional
+    children = dict(meta_module.named_children())
+    if sorted(children) != list(W123) or not all(isinstance(c, torch.nn.Linear) for c in children.values()):
+        return None
+    module = copy.deepcopy(meta_module).to_empty(device="cpu").double()
+    gen = torch.Generator().manual_seed(0)
+    acts = {"silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "gelu": F.gelu}
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        x = torch.randn(PROBE_WIDTH, module.w1.in_features, generator=gen, dtype=torch.float64)
+        try:
+            out = module(x)
+        except Exception:  # noqa: BLE001 - any failure of the module's own code: not this form
+            return None
+        for name, act in acts.items():
+            want = module.w2(act(module.w1(x)) * module.w3(x))
+            if isinstance(out, torch.Tensor) and out.shape == want.shape and torch.allclose(out, want, atol=1e-9):
+                return name
+    return None
 
 
 def moe_block(module: torch.nn.Module) -> dict:

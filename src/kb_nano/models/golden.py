@@ -186,12 +186,15 @@ def capture(
 
     torch.set_num_threads(num_threads)
     torch.use_deterministic_algorithms(True)
-    total_layers = int(config["num_hidden_layers"])
+    from kb_nano.operators.hf_modules import hf_config
+
+    full = hf_config(config)  # the config object: attribute_map names resolved (GPT-2's n_layer)
+    total_layers = int(full.num_hidden_layers)
     layers = total_layers if num_layers in (0, None) else min(int(num_layers), total_layers)
     dtype_name = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     dtype = DTYPES.get(dtype_name, torch.bfloat16)
     prompts, prompts_sha = load_prompts(root)
-    ids, tokenization = tokenize(prompts, int(config["vocab_size"]), weights)
+    ids, tokenization = tokenize(prompts, int(full.vocab_size), weights)
 
     captured: dict[str, dict[str, torch.Tensor]] = {t: {} for t in GOLDEN_TARGETS}
 

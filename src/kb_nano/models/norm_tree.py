@@ -9,10 +9,16 @@ import copy
 
 import torch
 
-from kb_nano.models.attention_tree import PROBE_ROWS, attention_modules, first_decoder_layer
+from kb_nano.models.attention_tree import PROBE_ROWS, attention_modules, first_decoder_layer, qk_norm_names
 
 # weight offsets of the hidden-size RMSNorm forms kb-nano measures: output = x / rms(x) * (offset + w)
 NORM_FORMS = {0.0: "x / rms(x) * weight (LlamaRMSNorm)", 1.0: "x / rms(x) * (1 + weight) (GemmaRMSNorm)"}
+
+
+def hidden_size(lm: torch.nn.Module) -> int:
+    """The hidden size of the causal LM ``lm``, read through its transformers config object
+    (which resolves its class's ``attribute_map``: GPT-2's ``n_embd``, MPT's ``d_model``)."""
+    return int(lm.config.hidden_size)
 
 
 def residual_add(config_fields: dict, lm: torch.nn.Module) -> dict:
@@ -30,8 +36,8 @@ def residual_add(config_fields: dict, lm: torch.nn.Module) -> dict:
     cls = type(layer).__name__
     if not set(dict(layer.named_children())) & set(PRE_NORM_NAMES):
         return {"form": "post_norm", "reason": f"{cls} has no input_layernorm: its residual is added after each norm"}
-    for field in RESIDUAL_SCALES:
-        scale = config_fields.get(field)
+    for field in RESIDUAL_SCALES:  # (the config object's: its class's default when the file has none)
+        scale = getattr(lm.config, field, None)
         if isinstance(scale, int | float) and float(scale) != 1.0:
             reason = f"not covered: {cls} adds residual + h * (its {field}, {scale}) before its norm"
             return {"form": "scaled", "reason": reason}
@@ -56,7 +62,7 @@ def layer_norm(config_fields: dict, lm: torch.nn.Module) -> dict | None:
     disagree in ``eps`` or bias gets the first one's (none of the vendored models)."""
     import re
 
-    hidden = int(config_fields["hidden_size"])
+    hidden = hidden_size(lm)
     for name, module in lm.named_modules():
         # a decoder layer's own norms (``layers.<i>``, Falcon's ``h.<i>``) and a direct child of
         # the base model (the final ``norm``, Falcon's ``ln_f``, GPT-NeoX's ``final_layer_norm``);
@@ -93,7 +99,8 @@ def _computes_layer_norm(meta_module: torch.nn.LayerNorm, hidden: int) -> bool:
 def qk_norm(lm: torch.nn.Module) -> dict | None:
     """The per-head q/k norm of the causal LM ``lm`` (meta device), from the first
     decoder layer's attention module with ``q_norm`` and ``k_norm`` children (Qwen3,
-    Gemma-3): ``{"class", "weight_offset", "reason"}`` as :func:`hidden_norm` gives it
+    Gemma-3; or as :func:`qk_norm_names` finds them otherwise named: Lfm2's
+    ``q_layernorm``, HunYuan's ``query_layernorm``): ``{"class", "weight_offset", "reason"}`` as :func:`hidden_norm` gives it
     (the form probed on ``q_norm``, whose ``weight`` is ``[head_dim]``; ``not covered``
     when ``q_norm`` or ``k_norm`` has a weight of another size: Olmo-2 normalises the
     whole projection, ``[heads * head_dim]``); or with one
@@ -102,12 +109,13 @@ def qk_norm(lm: torch.nn.Module) -> dict | None:
     when it is a weightless RMSNorm (:func:`weightless_norm`); None when the model has
     no such norms."""
     for module in attention_modules(lm):
-        if hasattr(module, "q_norm") and hasattr(module, "k_norm"):
-            norm = module.q_norm
+        names = qk_norm_names(module)
+        if names:
+            norm, k_norm = (getattr(module, n) for n in names)
             cls = type(norm).__name__
             weight = getattr(norm, "weight", None)
             head_dim = getattr(module, "head_dim", None)
-            sizes = [getattr(getattr(n, "weight", None), "shape", None) for n in (norm, module.k_norm)]
+            sizes = [getattr(getattr(n, "weight", None), "shape", None) for n in (norm, k_norm)]
             if isinstance(head_dim, int) and any(s is not None and tuple(s) != (head_dim,) for s in sizes):
                 shown = " and ".join(f"[{', '.join(map(str, s))}]" for s in sizes if s is not None)
                 if any(s is not None and len(s) == 2 and s[-1] == head_dim for s in sizes):  # Cohere
@@ -120,7 +128,7 @@ def qk_norm(lm: torch.nn.Module) -> dict | None:
                 )
                 return {"class": cls, "weight_offset": None, "reason": reason}
             offset = norm_offset(norm, weight.shape[0]) if isinstance(weight, torch.Tensor) else None
-            if offset is None or type(module.k_norm) is not type(norm):
+            if offset is None or type(k_norm) is not type(norm):
                 reason = f"not covered: {cls} computes neither {' nor '.join(NORM_FORMS.values())}"
                 return {"class": cls, "weight_offset": None, "reason": reason}
             return {"class": cls, "weight_offset": offset, "reason": None, "eps": module_eps(norm)}
@@ -170,7 +178,7 @@ def hidden_norm(config_fields: dict, lm: torch.nn.Module | None = None) -> dict:
             lm = _meta_causal_lm(hf_config(copy.deepcopy(config_fields), num_hidden_layers=1))
         except NotApplicable as exc:
             return {"class": None, "weight_offset": None, "reason": f"not covered: {exc}"}
-    hidden = int(config_fields["hidden_size"])
+    hidden = hidden_size(lm)
     found: dict[str, float | None] = {}
     eps: dict[str, float | None] = {}
     other: set[str] = set()  # hidden-size norms of other kinds (LayerNorm)

@@ -1,5 +1,6 @@
 """Gated activations of the MLP: ``silu_and_mul`` (vLLM ``SiluAndMul``, SwiGLU: Llama, Qwen,
-Mistral), ``gelu_and_mul`` (vLLM ``GeluAndMul(approximate="tanh")``, GeGLU: Gemma) and
+Mistral), ``gelu_and_mul`` (vLLM ``GeluAndMul``, GeGLU: ``approximate="tanh"`` for Gemma's
+``gelu_pytorch_tanh``, ``"none"`` for an exact ``gelu``) and
 ``swigluoai_and_mul`` (vLLM ``SwigluOAIAndMul``, gpt-oss's clamped SwiGLU between its
 experts' two GEMMs)."""
 
@@ -112,6 +113,9 @@ def _traffic(args, inputs, dtype):
 # hidden_act values whose function is GELU with the tanh approximation
 # (transformers ``ACT2FN``: ``gelu_pytorch_tanh`` = ``F.gelu(x, approximate="tanh")``).
 GELU_TANH_ACTS = ("gelu_pytorch_tanh",)
+# hidden_act values whose function is the exact (erf) GELU: ``F.gelu(x)`` (vLLM
+# ``GeluAndMul(approximate="none")``)
+GELU_EXACT_ACTS = ("gelu",)
 
 
 class GeluAndMul(nn.Module):
@@ -138,7 +142,22 @@ class GeluAndMul(nn.Module):
 
 def _gelu_init_args(facts: dict, tp: int) -> dict:
     shard(intermediate_size(facts), tp, "intermediate_size")
-    return {"approximate": "tanh"}
+    return {"approximate": _gelu_approximate(facts)}
+
+
+def _gelu_approximate(facts: dict) -> str:
+    """``"none"`` for the exact GELU (the module tree's MLP activation ``gelu``: transformers
+    ``GELUActivation`` of ``hidden_act`` ``gelu``; without a tree, that ``hidden_act``),
+    ``"tanh"`` otherwise (Gemma's ``gelu_pytorch_tanh``, GPT-2's ``gelu_new``)."""
+    dense = dense_mlp(facts)
+    act = dense["act"] if dense is not None else facts.get("hidden_act")
+    return "none" if act in ("gelu", *GELU_EXACT_ACTS) else "tanh"
+
+
+def _uses_gelu(facts: dict) -> bool:
+    """``applies_to`` of ``gelu_and_mul``: a gated MLP whose activation is GELU of either
+    form (:func:`_uses`)."""
+    return any(_uses(act, acts)(facts) for act, acts in (("gelu_tanh", GELU_TANH_ACTS), ("gelu", GELU_EXACT_ACTS)))
 
 
 def _gelu_traffic(args, inputs, dtype):
@@ -209,8 +228,8 @@ OPERATORS = {
         init_args=_gelu_init_args,
         inputs=_inputs,
         traffic=_gelu_traffic,
-        used_in="layers.*.mlp.act_fn (GeGLU, between gate_up_proj and down_proj)",
-        applies_to=_uses("gelu_tanh", GELU_TANH_ACTS),
+        used_in="layers.*.mlp.act_fn (GeGLU, between gate_up_proj and down_proj; tanh or exact GELU)",
+        applies_to=_uses_gelu,
         reads_module_tree=True,
         edge_cases=("tiny", "large"),
     ),

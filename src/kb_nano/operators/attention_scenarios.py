@@ -109,7 +109,7 @@ def variants(facts: dict, options: dict) -> list[tuple[str, dict]]:
     lens = options.get("context_lens")
     lens = list(DEFAULT_CONTEXT_LENS if lens is None else lens)
     kinds = (facts.get("attention_layers") or {}).get("kinds", [])
-    limit = int(facts["max_position_embeddings"]) - 1
+    limit = int(facts.get("max_position_embeddings") or 2**62) - 1  # (ALiBi models: no position limit)
     chunks = sorted({c for k in kinds if (c := k.get("attention_chunk_size"))})
     needed = [2 * k["sliding_window"] for k in kinds if k["sliding_window"]] + [c + c // 2 for c in chunks]
     if needed and lens:
@@ -149,14 +149,16 @@ def inputs(args, facts, tp, num_tokens, dtype, context_len: int | None = None):
 def check_lengths(facts: dict, num_tokens: int, context_len: int | None) -> None:
     """Raises ``NotApplicable`` for a prefill longer than the model's
     ``max_position_embeddings``, a decode position beyond it, or a decode cache of more
-    than :data:`MAX_DECODE_CACHE_TOKENS` tokens."""
+    than :data:`MAX_DECODE_CACHE_TOKENS` tokens. A model without ``max_position_embeddings``
+    (ALiBi: Bloom, MPT) has no position limit."""
+    limit = facts.get("max_position_embeddings") or float("inf")
     if context_len is None:
-        if num_tokens > facts["max_position_embeddings"]:
+        if num_tokens > limit:
             raise NotApplicable(
                 f"num_tokens={num_tokens} exceeds max_position_embeddings={facts['max_position_embeddings']}"
             )
         return
-    if context_len + 1 > facts["max_position_embeddings"]:
+    if context_len + 1 > limit:
         raise NotApplicable(
             f"context_len={context_len} + 1 exceeds max_position_embeddings={facts['max_position_embeddings']}"
         )

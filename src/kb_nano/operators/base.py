@@ -344,12 +344,20 @@ def config_field(facts: dict, *names: str, default=None):
     """The first of ``names`` present (and not null) in ``facts`` or in the model's raw
     config.json fields ``facts['hf_config']`` (which the manifest passes; ``kernels --map``
     may not); ``default`` otherwise. Fields kb-nano facts do not track (expert counts,
-    attention soft-capping) are read this way."""
+    attention soft-capping) are read this way; a name the config class maps to another in
+    its ``attribute_map`` (:func:`kb_nano.models.configs.field_aliases`) is read under that
+    name too, as the config object reads it."""
     raw = facts.get("hf_config") or {}
     for name in names:
         for source in (facts, raw):
             if source.get(name) is not None:
                 return source[name]
+        if raw.get("model_type") is not None:
+            from kb_nano.models.configs import field_aliases
+
+            alias = field_aliases(raw["model_type"]).get(name)
+            if alias is not None and raw.get(alias) is not None:
+                return raw[alias]
     return default
 
 

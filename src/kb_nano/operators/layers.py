@@ -41,6 +41,7 @@ import torch
 from kb_nano.operators.base import (
     NotApplicable,
     Operator,
+    config_field,
     element_size,
     normal,
     randint,
@@ -225,11 +226,26 @@ def _layer_inputs(args, facts, tp, num_tokens, dtype):
     config = args["config"]
     _check_sliding_window(config, num_tokens)
     return [
-        normal("hidden_states", [num_tokens, config["hidden_size"]], dtype),
-        randint(
-            "positions", [num_tokens], 0, int(config.get("max_position_embeddings") or facts["max_position_embeddings"])
-        ),
+        normal("hidden_states", [num_tokens, _field(config, facts, "hidden_size")], dtype),
+        randint("positions", [num_tokens], 0, _positions(config, facts)),
     ]
+
+
+def _positions(config: dict, facts: dict) -> int:
+    """The positions a scenario draws below: the model's ``max_position_embeddings`` (the
+    facts read it through the config object: GPT-2's ``n_positions``), else the config.json
+    field. Raises ``NotApplicable`` for a model without one (ALiBi)."""
+    limit = _field(config, facts, "max_position_embeddings")
+    if not limit:
+        raise NotApplicable("not covered: the config has no max_position_embeddings to draw positions below")
+    return limit
+
+
+def _field(config: dict, facts: dict, name: str) -> int | None:
+    """The model's ``name`` from its facts, else from its config.json fields ``config``
+    under that name or its ``attribute_map`` alias (:func:`config_field`: GPT-2's ``n_embd``)."""
+    value = facts.get(name) or config_field({"hf_config": config}, name)
+    return None if value is None else int(value)
 
 
 def _model_init_args(facts: dict, tp: int) -> dict:
@@ -253,10 +269,8 @@ def _model_inputs(args, facts, tp, num_tokens, dtype):
     config = args["config"]
     _check_sliding_window(config, num_tokens)
     return [
-        randint("input_ids", [num_tokens], 0, int(config["vocab_size"])),
-        randint(
-            "positions", [num_tokens], 0, int(config.get("max_position_embeddings") or facts["max_position_embeddings"])
-        ),
+        randint("input_ids", [num_tokens], 0, _field(config, facts, "vocab_size")),
+        randint("positions", [num_tokens], 0, _positions(config, facts)),
     ]
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kb_nano.operators.activations import GELU_TANH_ACTS, GeluAndMul, SiluAndMul
+from kb_nano.operators.activations import GELU_EXACT_ACTS, GELU_TANH_ACTS, GeluAndMul, SiluAndMul
 from kb_nano.operators.base import (
     TOLERANCES,
     NotApplicable,
@@ -40,7 +40,7 @@ from kb_nano.operators.base import (
 )
 from kb_nano.operators.moe import is_moe
 
-SUPPORTED_ACTS = ("silu", *GELU_TANH_ACTS)
+SUPPORTED_ACTS = ("silu", *GELU_TANH_ACTS, *GELU_EXACT_ACTS)
 
 
 class LlamaMLP(nn.Module):
@@ -48,8 +48,8 @@ class LlamaMLP(nn.Module):
 
     Args:
         hidden_size, intermediate_size: the model's (full, unsharded) sizes.
-        hidden_act: ``silu`` (``SiluAndMul``) or ``gelu_pytorch_tanh`` (``GeluAndMul("tanh")``,
-            as vLLM ``GemmaMLP``).
+        hidden_act: ``silu`` (``SiluAndMul``), ``gelu_pytorch_tanh`` (``GeluAndMul("tanh")``,
+            as vLLM ``GemmaMLP``) or ``gelu`` (``GeluAndMul("none")``, the exact GELU).
         quant_config, prefix: vLLM signature; must be None / are ignored.
         bias: linear biases (Llama's ``mlp_bias``; none in the vendored models): this rank's
             ``gate_up_proj`` bias shard, and the whole ``down_proj`` bias, which vLLM's
@@ -86,7 +86,10 @@ class LlamaMLP(nn.Module):
         self.tp_size = tp_size
         self.gate_up_proj = nn.Linear(hidden_size, 2 * shard_size, bias=bias)
         self.down_proj = nn.Linear(shard_size, hidden_size, bias=bias)
-        self.act_fn = SiluAndMul() if hidden_act == "silu" else GeluAndMul(approximate="tanh")
+        if hidden_act == "silu":
+            self.act_fn = SiluAndMul()
+        else:
+            self.act_fn = GeluAndMul(approximate="none" if hidden_act in GELU_EXACT_ACTS else "tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = F.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
@@ -95,7 +98,7 @@ class LlamaMLP(nn.Module):
 
 
 # activation of the module tree's MLP (kb_nano.models.module_tree.activation_name) -> hidden_act
-TREE_ACTS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+TREE_ACTS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu"}
 
 
 def _init_args(facts: dict, tp: int) -> dict:

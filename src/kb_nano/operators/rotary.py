@@ -24,14 +24,13 @@ cos/sin scaling of the vLLM class ``get_rope`` builds for it (vLLM 0.32):
   ``short_mscale`` otherwise. The mscale defaults to ``attention_factor`` (transformers),
   else ``sqrt(1 + ln(s) / ln(original))``, ``s = max_position_embeddings /
   original_max_position_embeddings`` (vLLM's ratio; transformers takes ``factor`` for
-  ``s`` when the config has one).
-
-Tests check each against transformers' rotary modules.
+  ``s`` when the config has one). Tests check each against transformers' rotary modules.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import nn
@@ -291,6 +290,18 @@ def _layer_kinds(facts: dict) -> list[tuple[str, dict]]:
     return [(name(t), {"rope": rope[t]}) for t in types]
 
 
+def _no_theta_reason(facts: dict, rope: dict) -> str:
+    """Why a rope without ``rope_theta`` is not covered: parameters per layer type not split by
+    :func:`_layer_kinds`, or none though the model builds a rotary module (NoPE layers)."""
+    if types := sorted(k for k, v in rope.items() if isinstance(v, dict)):
+        return f"not covered: rope parameters per layer type ({', '.join(types)})"
+    switch = re.compile(r"nope|no_rope|use_rope|position_embedding_type")  # (SmolLM3's no_rope_layers)
+    said = ", ".join(f"{k}={v!r}" for k, v in sorted((facts.get("hf_config") or {}).items()) if switch.search(k))
+    return "not covered: the config has no rope parameters (no rope_theta), though the model builds a rotary " + (
+        f"module: NoPE layers ({said})" if said else "module: its layers apply no RoPE the config describes (NoPE)"
+    )
+
+
 def _init_args(facts: dict, tp: int) -> dict:
     shard(facts["num_attention_heads"], tp, "num_attention_heads")
     kv_heads_per_rank(facts["num_key_value_heads"], tp)
@@ -300,10 +311,8 @@ def _init_args(facts: dict, tp: int) -> dict:
             "kb-nano does not read)"
         )
     rope = dict(facts["rope"])
-    if "rope_theta" not in rope:  # transformers' per-layer-type parameters (Gemma-3: full and sliding layers)
-        raise NotApplicable(
-            f"not covered: rope parameters per layer type ({', '.join(sorted(set(rope) - {'rope_type'}))})"
-        )
+    if "rope_theta" not in rope:
+        raise NotApplicable(_no_theta_reason(facts, rope))
     rope_type = rope.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise NotApplicable(
@@ -318,6 +327,8 @@ def _init_args(facts: dict, tp: int) -> dict:
     rotary_dim = int(head_dim * float(rope.get("partial_rotary_factor") or facts["partial_rotary_factor"]))
     if turn is not None and turn.get("head_size"):  # MLA: the rope slice of each head is all that turns
         head_dim = rotary_dim = turn["head_size"]
+    if not facts.get("max_position_embeddings"):
+        raise NotApplicable("not covered: the config has no max_position_embeddings (the cos/sin cache's length)")
     positions = int(facts["max_position_embeddings"])
     cache_bytes = positions * rotary_dim * element_size(facts["dtype"])
     if cache_bytes > ROTARY_CACHE_MAX_BYTES:
