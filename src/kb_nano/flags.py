@@ -233,6 +233,11 @@ def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, unkn
             break
         sub = chosen[0].choices[name]
     options = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
-    named = [u + (did_you_mean(u.split("=")[0], options) if u.startswith("-") else "") for u in unknown]
+    hints = []
+    for flag in (u.split("=")[0] for u in unknown if u.startswith("-")):
+        hint = did_you_mean(flag, options).strip()  # "(did you mean '--target'?)" or ""
+        if hint:
+            hints.append(f"{flag}: {hint[1:-1]}")
+    named = " ".join(unknown) + (f" ({'; '.join(hints)})" if hints else "")
     after = "; Snakemake's own options go after --" if "--cores" in options else ""  # a command that runs it
-    sub.error(f"unrecognized arguments: {' '.join(named)}{after}")
+    sub.error(f"unrecognized arguments: {named}{after}")

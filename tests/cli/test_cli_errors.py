@@ -154,9 +154,12 @@ def test_a_bad_flag_value_is_one_line():
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["kernels", "--targt", "rms_norm"], "unrecognized arguments: --targt (did you mean '--target'?) rms_norm"),
-        (["e2e", "latency", "--input-lenn", "3"], "--input-lenn (did you mean '--input-len'?)"),
-        (["history", "--limt", "3"], "unrecognized arguments: --limt (did you mean '--limit'?) 3 (see"),
+        (
+            ["kernels", "--targt", "rms_norm"],
+            "unrecognized arguments: --targt rms_norm (--targt: did you mean '--target'?)",
+        ),
+        (["e2e", "latency", "--input-lenn", "3"], "--input-lenn 3 (--input-lenn: did you mean '--input-len'?)"),
+        (["history", "--limt", "3"], "unrecognized arguments: --limt 3 (--limt: did you mean '--limit'?) (see"),
     ],
 )
 def test_a_mistyped_flag_names_the_closest_one(work, argv, needle):

@@ -206,8 +206,8 @@ def describe_choice(root: Path, device: str, cands: list[CandidateRef], model_sp
     if not cands:
         return (
             f"no candidate that vLLM can run passed Tier 1 faster than the baseline on {device} in "
-            f"{TIER1_RESULTS} (with its current file){left_out}: run `kb_nano kernels` first, or name "
-            "them with --candidates"
+            f"{TIER1_RESULTS} (with its current file; it holds the last `kb_nano kernels` run's selection)"
+            f"{left_out}: run `kb_nano kernels` over these models first, or name them with --candidates"
         )
     parts = [_scored(choice[c.target]) if c.target in choice else c.id for c in cands]
     return (
