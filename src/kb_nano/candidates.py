@@ -75,6 +75,28 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def helper_files(folder: Path) -> list[Path]:
+    """The helpers the candidate files in ``folder`` (``candidates/<target>``) may import:
+    its files whose names start with ``_`` (``_common.py``) and every file of its ``_``
+    packages (``_pkg/__init__.py``), compiled caches left out; sorted."""
+    found = []
+    for p in Path(folder).glob("_*"):
+        if p.is_file() and p.suffix == ".py":
+            found.append(p)
+        elif p.is_dir() and p.name != "__pycache__":
+            found += [q for q in p.rglob("*") if q.is_file() and "__pycache__" not in q.parts]
+    return sorted(found)
+
+
+def candidate_digest(path: Path) -> str:
+    """SHA-256 over a candidate file's bytes and its :func:`helper_files` (each with its
+    path relative to the candidate's folder): what a change of the candidate's code changes."""
+    h = hashlib.sha256(Path(path).read_bytes())
+    for p in helper_files(Path(path).parent):
+        h.update(b"\0" + p.relative_to(Path(path).parent).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
 def load_class(path: Path, target: str):
     """Import a candidate file and return its single ``nn.Module`` subclass.
 

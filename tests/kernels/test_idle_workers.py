@@ -90,3 +90,58 @@ def test_an_idle_workers_thread_cannot_frame_the_measured_candidate(tmp_path, sc
             assert idle.proc.is_alive() and state != "T", state  # resumed after the row
     finally:
         pool.close()
+
+
+SPINNER = FRAMER.replace(
+    "        time.sleep(0.005)\n        for pid in _baseline_pids():",
+    "        for pid in ():",
+)
+
+
+def test_a_stopped_worker_that_runs_anyway_voids_the_row(tmp_path, scenarios, settings):
+    """An idle worker whose process outruns the stop (here: the test sends it SIGCONT, as a
+    helper that keeps forking escapes the SIGSTOP passes) and burns CPU during another
+    file's measurement: that worker is killed and the job ends without a row."""
+    import os
+    import signal
+    import threading
+
+    import pytest
+
+    from kb_nano.kernels.measure import Interrupted
+    from kb_nano.kernels.measure import measure as judged
+    from kb_nano.kernels.pool import Pool
+
+    assert SPINNER != FRAMER  # a thread that spins without a pause
+    pool = Pool("cpu", {"OMP_WAIT_POLICY": "PASSIVE"}, tmp_path)
+    full = {"seed": None, **settings, "num_runs": 50}
+    spinner = write(tmp_path / "candidates/rms_norm/spinner.py", SPINNER)
+    good = rms_candidate(tmp_path, "good")
+    try:
+        with tempfile.TemporaryFile() as log:
+            idle = pool.get_candidate(spinner, "rms_norm", full, log.fileno(), time.monotonic() + 60)
+            stop = threading.Event()
+
+            def escape():  # keep it running while it is meant to be stopped
+                while not stop.wait(0.05):
+                    os.kill(idle.pid, signal.SIGCONT)
+
+            t = threading.Thread(target=escape)
+            t.start()
+            try:
+                with pytest.raises(Interrupted, match="the stopped worker of .*spinner.py ran during this measurement"):
+                    judged(
+                        scenarios["rms_norm__llama32-1b__tp1__n4"],
+                        "rms_norm/good",
+                        Path(good),
+                        full,
+                        tmp_path,
+                        pool,
+                        log.fileno(),
+                    )
+            finally:
+                stop.set()
+                t.join()
+            assert not idle.proc.is_alive() and idle not in pool.candidates.values()
+    finally:
+        pool.close()

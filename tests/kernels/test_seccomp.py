@@ -1,7 +1,8 @@
 """The candidate worker's seccomp filter (:mod:`kb_nano.kernels.seccomp`): no new
 ``SIGCHLD`` action (an ignored ``SIGCHLD`` would have the kernel reap exited helpers
 uncounted) and no new unix or IP socket (a tmux or D-Bus server outside the sandbox), in
-the process, its threads and what it starts; everything else as before."""
+the process, its threads and what it starts, and no limit set on another process;
+everything else as before."""
 
 from __future__ import annotations
 
@@ -41,6 +42,17 @@ a, b = socket.socketpair()  # connected to nothing outside: allowed
 print(a.send(b"x") + b.recv(1)[0] - ord("x"))
 socket.socket(socket.AF_NETLINK, socket.SOCK_RAW).close()  # glibc's interface queries
 print("netlink")
+import resource
+parent = os.getppid()
+print(resource.prlimit(parent, resource.RLIMIT_CPU) == resource.getrlimit(resource.RLIMIT_CPU))  # reading: allowed
+try:
+    resource.prlimit(parent, resource.RLIMIT_CPU, resource.prlimit(parent, resource.RLIMIT_CPU))
+    print("allowed")
+except PermissionError:
+    print("refused")  # another process's limit (the judge's RLIMIT_CPU: the kernel would SIGKILL it)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # its own: allowed
+print("own")
 """
 
 
@@ -48,14 +60,15 @@ print("netlink")
 def test_the_filter_refuses_new_sigchld_actions_only():
     proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    want = ["seccomp sigchld, sockets", "refused", "refused", "refused", "True", "shell", "1"]
+    want = ["seccomp sigchld, sockets, prlimit", "refused", "refused", "refused", "True", "shell", "1"]
     want += ["refused", "refused", "refused", "1", "netlink"]  # new unix / IP sockets; a socketpair
-    assert proc.stdout.split("\n")[:12] == want
+    want += ["True", "refused", "own"]  # another process's limits: read, not set; its own set
+    assert proc.stdout.split("\n")[:15] == want
 
 
 def test_the_program_jumps_stay_inside_it():
     """Every jump of the BPF program lands on an instruction, and it ends in returns."""
-    for code in (program(0xC000003E, 13), socket_program(0xC000003E, 41)):
+    for code in (program(0xC000003E, 13), socket_program(0xC000003E, 41, 302)):
         for i, (op, jt, jf, _) in enumerate(code):
             if op in (0x15, 0x35):
                 assert i + 1 + max(jt, jf) < len(code)

@@ -90,6 +90,26 @@ def test_an_edit_that_keeps_the_mtime_reruns_the_job(swept):
     ]
 
 
+def test_a_helper_package_edit_that_keeps_the_mtime_reruns_its_targets_jobs(swept):
+    """A `_` package next to the candidates (`_pkg/__init__.py`) is a helper like
+    `_common.py`: adding it, and editing it with its mtime kept, reruns the target's jobs."""
+    import os
+
+    pkg = swept / "candidates/silu_and_mul/_pkg/__init__.py"
+    pkg.parent.mkdir()
+    pkg.write_text("SCALE = 1.0\n")
+    silu = sorted(k for k in _mtimes(swept) if k.startswith("results/kernels/silu_and_mul/"))
+    for edit in ("added", "edited with its mtime kept"):
+        if edit != "added":
+            stat = pkg.stat()
+            pkg.write_text("SCALE = 3.0\n")
+            os.utime(pkg, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        before = _mtimes(swept)
+        snakemake(swept)
+        after = _mtimes(swept)
+        assert sorted(k for k in after if after[k] != before.get(k)) == silu, edit
+
+
 def _manifest_file(work: Path) -> Path:
     """The one manifest a run of a fresh copy wrote (results/inputs/llm-<selection>.yaml)."""
     (path,) = (work / "results/inputs").glob("llm-*.yaml")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from kb_nano.candidates import file_sha256
+from kb_nano.candidates import candidate_digest, helper_files
 from kb_nano.kernels import job as kernel_job
 from kb_nano import checks
 from kb_nano import workflow as kbw
@@ -101,7 +101,7 @@ def _target_inputs(target):
     """Helpers next to the target's candidates and the harness files (same for every job
     of a target: computed once, not once per job)."""
     return {
-        "helpers": sorted(str(p) for p in Path("candidates", target).glob("_*.py")),
+        "helpers": [str(p) for p in helper_files(Path("candidates", target))],
         "harness": kbw.harness_files(target),
     }
 
@@ -116,11 +116,11 @@ def kernel_job_inputs(wildcards):
 
 
 def candidate_sha256_param(wildcards):
-    """The candidate file's content hash (None while it is missing: its input says so). A
-    changed param reruns the job, so an edit that keeps the file's mtime (a checkout, a
-    copy with `cp -p`, `touch -r`) is measured again."""
+    """The hash of the candidate file and its helpers (None while it is missing: its input
+    says so). A changed param reruns the job, so an edit that keeps a file's mtime (a
+    checkout, a copy with `cp -p`, `touch -r`) is measured again."""
     path = Path(kernel_job_inputs(wildcards)["candidate"])
-    return file_sha256(path) if path.is_file() else None
+    return candidate_digest(path) if path.is_file() else None
 
 
 def _scenario(wildcards):

@@ -315,8 +315,8 @@ def run(
 
 def _signal_named(reason: str) -> str:
     """The signal's name in a :class:`kb_nano.kernels.pool.WorkerGone` reason ("the
-    baseline worker died of SIGKILL" -> "SIGKILL")."""
-    return reason.rsplit(" ", 1)[-1] if reason.rsplit(" ", 1)[-1].startswith("SIG") else "SIGINT"
+    baseline worker died of SIGKILL" -> "SIGKILL"), else the reason itself."""
+    return reason.rsplit(" ", 1)[-1] if reason.rsplit(" ", 1)[-1].startswith("SIG") else reason
 
 
 def _interrupted(job: str, log_p: Path, how: str = "SIGINT") -> None:

@@ -25,7 +25,17 @@ from kb_nano.kernels.fields import device_name, resolve_device, row_fields
 from kb_nano.kernels.inputs import draw_seed, generator, make_inputs
 from kb_nano.kernels.judge import ERROR_FIELDS, HIDDEN_FLOOR_MS, HIDDEN_FRACTION, KEEP_WORKER, Measurement
 from kb_nano.kernels.pool import Pool, WorkerGone, WorkerTimeout
-from kb_nano.kernels.procs import restore_limits, restore_scheduling, resume
+from kb_nano.kernels.procs import (
+    LIVE_WORKERS,
+    WORKERS_LOCK,
+    kill_tree,
+    pause_trees,
+    restore_limits,
+    restore_scheduling,
+    resume,
+    strays,
+    tree_cpu_s,
+)
 from kb_nano.kernels.schema import make_row
 from kb_nano.kernels.verdict import WORKER_VERDICTS, Verdict
 from kb_nano.operators.base import DTYPES
@@ -36,11 +46,15 @@ CROSS_CHECK_RETRIES = 2  # rounds of more batches when the clock cross-check fai
 # times reported: a 2.9x row passed on the 2-core CPU at load 2.5-2.8); it shrinks as
 # 1/sqrt(blocks) while the hidden time stays, so more blocks decide it either way
 CROSS_CHECK_MAX_ROUNDS = 8
+# CPU seconds a stopped worker's tree may gain while another file's row is measured (its
+# processes' clocks advance by nothing once stopped; this allows for the stop's own delivery)
+PAUSED_CPU_S = 0.02
 
 
 class Interrupted(Exception):
     """The baseline worker died of a signal from outside (Ctrl-C, kill: the candidate
-    cannot signal it): the job ends without a row."""
+    cannot signal it), or a stopped worker of another file ran during the measurement:
+    the job ends without a row (the message says which)."""
 
 
 def measure(
@@ -54,6 +68,34 @@ def measure(
     ``cuda_graph``, ``speedup_basis``, ``ci_target``, ``max_timing_s``,
     ``float32_matmul_precision``, ``memory_limit_gb``, ``roofline``.
     ``log_fd``: the job log, which both workers write to."""
+    paused: list[int] = []  # other files' idle workers, stopped until the row is decided (also the late stray check)
+    idle: dict = {}  # their handles by file, and the CPU seconds their trees had used when stopped
+    try:
+        row = _measure(scenario, candidate_id, candidate_path, settings, root, pool, log_fd, paused, idle)
+        ran = [path for path, (h, cpu) in idle.items() if tree_cpu_s(h.pid) - cpu > PAUSED_CPU_S]
+        for path in ran:
+            pool.discard(idle[path][0])
+        if ran:  # a process that outran the stop: what it did to the timing is unknown
+            raise Interrupted(
+                f"the stopped worker of {', '.join(ran)} ran during this measurement (killed); the times are void"
+            )
+        return row
+    finally:
+        resume(paused)
+
+
+def _measure(
+    scenario: dict,
+    candidate_id: str,
+    candidate_path: Path,
+    settings: dict,
+    root: Path,
+    pool: Pool,
+    log_fd: int,
+    paused: list[int],
+    idle: dict,
+) -> dict:
+    """:func:`measure`, which resumes the workers it adds to ``paused`` and checks those of ``idle``."""
     t_start = time.perf_counter()
     device = resolve_device(settings["device"])
     seed = int(settings["seed"]) if settings.get("seed") is not None else draw_seed()
@@ -61,11 +103,13 @@ def measure(
     deadline = time.monotonic() + float(settings["timeout_s"])
     cand = base = m = None
     status, error, extra = "passed", None, {}
-    paused: list[int] = []
     try:
         pool.start_baseline(settings, log_fd, deadline)  # both workers start up at once
         cand = pool.get_candidate(Path(candidate_path), scenario["target"], settings, log_fd, deadline)
-        paused = pool.pause_idle(cand)  # other candidate files' idle workers: stopped until the row is decided
+        others = pool.idle_workers(cand)  # other candidate files' idle workers: stopped until the row is decided
+        paused += pause_trees([h.pid for h in others.values()])
+        idle.update({path: (h, tree_cpu_s(h.pid)) for path, h in others.items()})
+        _clear_strays(cand.pid)  # left by an earlier job, not this candidate's: ended unblamed
         fields["sandbox"] = cand.ready.get("sandbox")
         cand.send_log(log_fd, deadline)
         found = cand.ready.get("violation")
@@ -97,8 +141,17 @@ def measure(
     finally:
         if m is not None:
             m.close()
-        resume(paused)
     status, error = _end(pool, base, cand, status, error)
+    late = _clear_strays((base or cand).pid) if (base or cand) is not None else []
+    if late and status != "tampered":  # made after the last check, to be blamed on the next row
+        status, error = (
+            "tampered",
+            (
+                f"process(es) {', '.join(map(str, late[:3]))} run beside the workers after the measurement, outside "
+                "any worker's process tree (clone with CLONE_PARENT)"
+            ),
+        )
+        pool.discard(cand)
     if m is not None:  # where the row's time went, for the job log
         phases = ", ".join(f"{k} {v:.2f} s" for k, v in m.phases.items())
         os.write(log_fd, f"kb_nano: {status} in {time.perf_counter() - t_start:.2f} s ({phases})\n".encode())
@@ -110,6 +163,16 @@ def measure(
         extra = {k: v for k, v in extra.items() if k in keep or k.endswith(("_eager_ms", "_kernel_ms", "_graph_ms"))}
         fields["num_runs"] = None  # no timed calls count: the row was decided before or during them
     return make_row(**{**fields, **extra}, status=status, error=error, wall_s=time.perf_counter() - t_start)
+
+
+def _clear_strays(worker_pid: int) -> list[int]:
+    """Kill the processes beside the workers (:func:`kb_nano.kernels.procs.strays` of
+    ``worker_pid``'s fork server); returns their pids."""
+    with WORKERS_LOCK:  # no worker of this process is being started or reaped meanwhile
+        found = strays(worker_pid, LIVE_WORKERS)
+        for pid in found:
+            kill_tree(pid)
+    return found
 
 
 def _end(pool: Pool, base, cand, status: str, error: str | None) -> tuple[str, str | None]:

@@ -10,7 +10,6 @@ everything it started; the next scenario gets a fresh one.
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 from kb_nano.kernels.fork_sockets import use_abstract_unix_sockets
-from kb_nano.kernels.procs import EXTERNAL_SIGNALS, LIVE_WORKERS, WORKERS_LOCK, kill_worker, pause_trees, tree_cpu_s
+from kb_nano.kernels.procs import EXTERNAL_SIGNALS, LIVE_WORKERS, WORKERS_LOCK, kill_worker, tree_cpu_s
 
 use_abstract_unix_sockets()
 
@@ -203,10 +202,9 @@ def _last_line(fd: int) -> str:
 def candidate_key(path: Path, settings: dict) -> tuple:
     """What a candidate worker is kept for: its file's and helpers' bytes (an edit starts
     a new worker) and the settings fixed at its start."""
-    h = hashlib.sha256()
-    for p in [Path(path), *sorted(Path(path).parent.glob("_*.py"))]:
-        h.update(p.name.encode() + b"\0" + p.read_bytes())
-    return (str(Path(path).resolve()), h.hexdigest(), _fixed(settings))
+    from kb_nano.candidates import candidate_digest
+
+    return (str(Path(path).resolve()), candidate_digest(path), _fixed(settings))
 
 
 def _fixed(settings: dict) -> tuple:
@@ -350,14 +348,13 @@ class Pool:
             started += 1
         return started
 
-    def pause_idle(self, busy: WorkerHandle) -> list[int]:
-        """Stop (SIGSTOP, :func:`kb_nano.kernels.procs.pause_trees`) the process trees of the
-        started candidate workers other than ``busy`` while ``busy``'s scenario is measured:
-        an idle worker's threads could otherwise burn CPU while the baseline is timed, or
-        change the baseline worker's priority and get ``busy``'s row called ``tampered``.
-        Workers still starting run on (their start overlaps the measurement by design).
-        Returns the stopped pids, for :func:`kb_nano.kernels.procs.resume`."""
-        return pause_trees([h.pid for h in self.candidates.values() if h is not busy and h.started()])
+    def idle_workers(self, busy: WorkerHandle) -> dict[str, WorkerHandle]:
+        """The started candidate workers other than ``busy``, by their file's path: while
+        ``busy``'s scenario is measured they are stopped (:func:`kb_nano.kernels.procs.pause_trees`),
+        as their threads could otherwise burn CPU while the baseline is timed, or change
+        the baseline worker's priority and get ``busy``'s row called ``tampered``. Workers
+        still starting run on (their start overlaps the measurement by design)."""
+        return {key[0]: h for key, h in self.candidates.items() if h is not busy and h.started()}
 
     def discard(self, handle: WorkerHandle | None) -> None:
         """Kill ``handle``'s worker and forget it."""

@@ -213,16 +213,17 @@ def kill_worker(pid: int, known: set[int]) -> None:
 def pause_trees(pids: list[int]) -> list[int]:
     """SIGSTOP every process of the trees of ``pids`` (:func:`tree_pids`, parents first, then
     once more for children forked meanwhile). Returns the pids stopped; gone ones are skipped.
-    A stopped process cannot catch or ignore SIGSTOP (signal(7))."""
-    stopped: list[int] = []
+    A stopped process cannot catch or ignore SIGSTOP (signal(7)); one that keeps forking
+    and exiting can outrun the passes, which :func:`tree_cpu_s` of the roots then shows."""
+    stopped: dict[int, None] = {}  # (ordered, O(1) membership: a tree may hold many processes)
     for _ in range(2):
         for root in pids:
             for pid in tree_pids(root):
                 if pid not in stopped:
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGSTOP)
-                        stopped.append(pid)
-    return stopped
+                        stopped[pid] = None
+    return list(stopped)
 
 
 def resume(pids: list[int]) -> None:

@@ -1,5 +1,6 @@
 """A seccomp filter for the candidate's worker: no process of it may change what its
-exited children do on ``SIGCHLD``, or open a new unix or IP socket.
+exited children do on ``SIGCHLD``, open a new unix or IP socket, or set another process's
+resource limits (``prlimit``: Landlock does not cover it; see :func:`socket_program`).
 
 A parent that ignores ``SIGCHLD`` (``SIG_IGN``) or sets ``SA_NOCLDWAIT`` has its exited
 children reaped by the kernel at once: their CPU time then reaches no process's
@@ -35,11 +36,11 @@ import os
 import platform
 import signal
 
-# audit arch, rt_sigaction, seccomp, socket: per architecture
+# audit arch, rt_sigaction, seccomp, socket, prlimit64: per architecture
 _ARCH = {
-    "x86_64": (0xC000003E, 13, 317, 41),
-    "aarch64": (0xC00000B7, 134, 277, 198),
-    "arm64": (0xC00000B7, 134, 277, 198),
+    "x86_64": (0xC000003E, 13, 317, 41, 302),
+    "aarch64": (0xC00000B7, 134, 277, 198, 261),
+    "arm64": (0xC00000B7, 134, 277, 198, 261),
 }
 _AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10  # include/linux/socket.h
 # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_RET|BPF_K
@@ -48,7 +49,7 @@ _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECC
 _X32 = 0x40000000  # __X32_SYSCALL_BIT
 _PR_SET_NO_NEW_PRIVS, _SET_MODE_FILTER, _FLAG_TSYNC = 38, 1, 1
 # struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (little-endian halves)
-_NR, _AUDIT_ARCH, _ARG0_LO, _ARG1_LO, _ARG1_HI = 0, 4, 16, 24, 28
+_NR, _AUDIT_ARCH, _ARG0_LO, _ARG0_HI, _ARG1_LO, _ARG1_HI, _ARG2_LO, _ARG2_HI = 0, 4, 16, 20, 24, 28, 32, 36
 
 
 class _SockFilter(ctypes.Structure):
@@ -80,9 +81,14 @@ def program(audit_arch: int, nr_rt_sigaction: int) -> list[tuple[int, int, int, 
     ]
 
 
-def socket_program(audit_arch: int, nr_socket: int) -> list[tuple[int, int, int, int]]:
-    """The second filter: ``socket()`` of a unix or IP family refused (the ABI checks again:
-    filters are evaluated independently)."""
+def socket_program(audit_arch: int, nr_socket: int, nr_prlimit: int) -> list[tuple[int, int, int, int]]:
+    """The second filter: ``socket()`` of a unix or IP family refused, and ``prlimit64``
+    that sets a limit of another process (pid not 0, a new limit given): a candidate could
+    lower the judge's ``RLIMIT_CPU`` hard limit and the kernel would SIGKILL the judge, a
+    death kb-nano reads as from outside, or cap the judge's and the baseline's address
+    space alike, which the baseline check compares with. Reading limits, and setting the
+    own process's with pid 0 (``setrlimit``), stay allowed. The ABI is checked again:
+    filters are evaluated independently."""
     return [
         (_LD_ABS, 0, 0, _AUDIT_ARCH),
         (_JEQ, 1, 0, audit_arch),  # -> 3
@@ -90,11 +96,20 @@ def socket_program(audit_arch: int, nr_socket: int) -> list[tuple[int, int, int,
         (_LD_ABS, 0, 0, _NR),
         (_JEQ, 0, 4, nr_socket),  # -> 5 | 9
         (_LD_ABS, 0, 0, _ARG0_LO),  # the domain
-        (_JEQ, 3, 0, _AF_UNIX),  # -> 10 | 7
-        (_JEQ, 2, 0, _AF_INET),  # -> 10 | 8
-        (_JEQ, 1, 0, _AF_INET6),  # -> 10 | 9
-        (_RET, 0, 0, _ALLOW),
-        (_RET, 0, 0, _ERRNO),  # a new unix or IP socket
+        (_JEQ, 12, 0, _AF_UNIX),  # -> 19 | 7
+        (_JEQ, 11, 0, _AF_INET),  # -> 19 | 8
+        (_JEQ, 10, 9, _AF_INET6),  # -> 19 | 18
+        (_JEQ, 0, 8, nr_prlimit),  # 9: -> 10 | 18
+        (_LD_ABS, 0, 0, _ARG2_LO),  # the new limit's pointer
+        (_JEQ, 0, 2, 0),  # -> 12 | 14
+        (_LD_ABS, 0, 0, _ARG2_HI),
+        (_JEQ, 4, 0, 0),  # -> 18 (reads only) | 14
+        (_LD_ABS, 0, 0, _ARG0_LO),  # 14: the pid
+        (_JEQ, 0, 3, 0),  # -> 16 | 19
+        (_LD_ABS, 0, 0, _ARG0_HI),
+        (_JEQ, 0, 1, 0),  # -> 18 | 19
+        (_RET, 0, 0, _ALLOW),  # 18
+        (_RET, 0, 0, _ERRNO),  # 19: a new unix or IP socket, another process's limit
     ]
 
 
@@ -109,9 +124,9 @@ def deny_sigchld_changes() -> str:
 def deny_new_sockets() -> str:
     """Install the socket filter (:func:`socket_program`), after the device is set up (the
     CUDA driver's start opens a unix socket: a worker filtered before it exited) and before
-    the candidate is imported. Returns ``"sockets"``, or ``"sockets allowed: <reason>"``.
+    the candidate is imported. Returns ``"sockets, prlimit"``, or ``"sockets allowed: <reason>"``.
     Never raises."""
-    found = _install(lambda arch: socket_program(arch[0], arch[3]), "sockets")
+    found = _install(lambda arch: socket_program(arch[0], arch[3], arch[4]), "sockets, prlimit")
     return found.replace("no seccomp", "sockets allowed")
 
 

@@ -7,17 +7,18 @@ the heap its held outputs take (kb_nano.kernels.heap) and pays a page fault per 
 every output: with an honest forward, 1.95-1.97x "faster" in a breaker's runs on the
 2-core CPU.
 
-Why it is stopped: before every batch the judge compares the baseline worker's resource
-limits with its own (the worker inherits the judge's) and restores them; a difference is
-``tampered``."""
+Why it is stopped: the candidate worker's seccomp filter refuses a ``prlimit`` that sets
+another process's limit (``EPERM``), so the forward below computes honestly. (Where no
+seccomp filter can be installed, the judge's comparison of the baseline worker's limits
+with its own before every batch still makes the row ``tampered``.)"""
 
 import resource
 
 import psutil
 from _common import Base, rms_norm
 
-EXPECTED = "tampered"
-EXPECTED_ERROR = "resource limits"
+EXPECTED = "passed"
+EXPECTED_LIKE = "rms_norm/honest_fused"  # the same computation, honestly: no faster than it
 
 
 def _cap_the_baseline() -> None:
