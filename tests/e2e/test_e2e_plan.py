@@ -85,7 +85,7 @@ def test_default_candidate_set_is_the_fastest_that_passed_tier1(tmp_path):
 
     work = copy_workflow(tmp_path)
     assert e2e_plan.candidate_set(work, [], "cpu", [TINY]) == []  # no Tier-1 results yet
-    assert "run `kb_nano kernels` first" in e2e_plan.describe_choice(work, "cpu", [], [TINY])
+    assert "run `kb_nano kernels` over these models first" in e2e_plan.describe_choice(work, "cpu", [], [TINY])
     (work / "candidates/rms_norm/zz_copy.py").write_bytes((work / "candidates/rms_norm/torch_fused.py").read_bytes())
     rows = [
         row("rms_norm", "torch_fused", speedup=1.5, significant=True),

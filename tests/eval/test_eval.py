@@ -189,8 +189,8 @@ def test_without_tier1_results_eval_names_what_to_run_first(tmp_path):
     out = kb_nano(copy_workflow(tmp_path), "eval", "--dry-run", "--device", "cpu")
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert (
-        "passed Tier 1 faster than the baseline on cpu in results/kernels.parquet (with its current file): "
-        "run `kb_nano kernels` first" in out.stderr
+        "passed Tier 1 faster than the baseline on cpu in results/kernels.parquet (with its current file; it "
+        "holds the last `kb_nano kernels` run's selection): run `kb_nano kernels` over these models first" in out.stderr
     )
 
 
