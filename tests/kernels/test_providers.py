@@ -32,7 +32,7 @@ ROWS = [
     row("rms_norm__m__tp1__n64", 64, "rms_norm/a", 1.0, 0.5, lo=1.9, hi=2.1, nbytes=2e6),
     row("rms_norm__m__tp1__n64", 64, "rms_norm/b", 3.0, 1.0, lo=2.5, hi=3.5, nbytes=2e6),
     row("rms_norm__m__tp1__n1", 1, "rms_norm/a", 0.2, 0.1, lo=0.8, hi=3.0, sig=False),
-    row("rms_norm__m__tp1__n1", 1, "rms_norm/b", 0.4, None, status="incorrect"),
+    {**row("rms_norm__m__tp1__n1", 1, "rms_norm/b", 0.4, None, status="incorrect"), "error": "max_abs_err 3.1"},
     row("attention__m__tp1__n8__ctx1024", 8, "attention/x", 2.0, 1.0, flops=3e9),
 ]
 
@@ -70,7 +70,7 @@ def test_cells_show_time_bandwidth_speedup_interval_and_status():
     assert "2.00x [1.90-2.10]" in text
     assert "vs 3.0000 ms paired" in text  # b's speedup is over its own baseline time, not the column's 2.0
     assert "2.00x [0.80-3.00] ~" in text  # not significant
-    assert "incorrect" in text
+    assert "incorrect" in text and "max_abs_err 3.1" in text  # a row that did not pass says why
     assert "3 TFLOP/s" in text and "1.5 TFLOP/s" in text  # 3e9 FLOP in 1.0 ms (candidate) and 2.0 ms (baseline)
 
 

@@ -109,7 +109,9 @@ def _candidate_cell(r: dict | None, versus_ms: float | None, is_versus: bool) ->
         return "-"
     if r["status"] != "passed":
         color = "yellow" if r["status"] == "skipped" else "red"
-        return f"[{color}]{escape(r['status'])}[/{color}]"
+        why = str(r.get("error") or "")
+        why = why if len(why) <= 120 else why[:119] + "…"  # the whole reason: the plain table, kernels.json
+        return f"[{color}]{escape(r['status'])}[/{color}]" + (f"\n{escape(why)}" if why else "")
     ms = r.get("candidate_ms")
     text = escape(_time_cell(ms, gbps(r.get("bytes_moved"), ms), tflops(r.get("flops"), ms)))
     speed, lo, hi = r.get("speedup"), r.get("speedup_ci_low"), r.get("speedup_ci_high")
