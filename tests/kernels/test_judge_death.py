@@ -1,6 +1,7 @@
-"""A judge killed from outside while it measures: its job ends without a row (the next
-run redoes it), and the job queued behind it gets a new judge and its own row, not the
-dead judge's `crashed`."""
+"""A judge that dies while it measures: killed from outside (SIGKILL), its job and the
+job queued behind it end without a row (the run is stopping; the next run redoes them);
+crashed (SIGBUS, as a candidate once made it), its job gets a `crashed` row and the job
+queued behind it a new judge and its own row, not the dead judge's `crashed`."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class Slow(nn.Module):
 
 
 @pytest.mark.slow
-def test_a_judge_killed_under_a_job_takes_no_row_and_spares_the_next_job(tmp_path, scenarios, settings):
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGBUS"])
+def test_a_judge_that_dies_under_a_job_spares_the_next_job(tmp_path, scenarios, settings, sig):
     from kb_nano.errors import KbNanoError
     from kb_nano.kernels import job
 
@@ -76,12 +78,16 @@ def test_a_judge_killed_under_a_job_takes_no_row_and_spares_the_next_job(tmp_pat
         second = threading.Thread(target=one, args=("good", good))
         second.start()  # queued behind the slow job on the judge's lock
         time.sleep(1.0)  # the slow job's request is in flight (workers start, then 50+ calls of 0.05 s)
-        os.kill(job._JUDGES["cpu"].proc.pid, signal.SIGKILL)
+        os.kill(job._JUDGES["cpu"].proc.pid, getattr(signal, sig))
         first.join(120)
         second.join(240)
-        assert isinstance(results["slow"], KbNanoError) and "interrupted (SIGKILL)" in str(results["slow"])
-        assert not out["slow"].exists()
-        assert results["good"] == "passed" and out["good"].is_file(), results
+        if sig == "SIGKILL":  # from outside: both jobs end without a row, no new judge is started
+            for name in ("slow", "good"):
+                assert isinstance(results[name], KbNanoError) and "interrupted (SIGKILL)" in str(results[name])
+                assert not out[name].exists()
+        else:
+            assert results["slow"] == "crashed" and out["slow"].is_file(), results
+            assert results["good"] == "passed" and out["good"].is_file(), results
     finally:
         job.close_judges()
 

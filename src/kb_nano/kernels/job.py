@@ -279,6 +279,9 @@ def run(
                 if judge.proc.is_alive() or attempt == 2:
                     reply = judge.ask(request, float(settings["timeout_s"]) + JUDGE_GRACE_S)
                     break
+            code = judge.proc.exitcode  # ... unless a signal from outside ended it: the run is stopping
+            if code is not None and code < 0 and -code in EXTERNAL_SIGNALS:
+                _interrupted(f"{candidate_id} on {scenario['scenario_id']}", log_p, signal.Signals(-code).name)
         if "status" in reply:
             return reply["status"]
         dead = reply.get("dead")
