@@ -195,3 +195,19 @@ def rms_candidate(tmp_path: Path, name: str) -> Path:
     extra_init, class_attrs = (list(rest) + ["", ""])[:2]
     source = RMS_TEMPLATE.format(forward=forward, extra_init=extra_init or "pass", class_attrs=class_attrs or "pass")
     return write(tmp_path / "candidates/rms_norm" / f"{name}.py", source)
+
+
+def job_settings(settings: dict, **more) -> dict:
+    """The ``settings`` fixture completed to what :func:`kb_nano.kernels.job.run` takes (the
+    rule's full settings: OS-drawn seed, no golden inputs, eager only), with ``more`` on top."""
+    full = {
+        **settings,
+        "seed": None,
+        "golden": None,
+        "num_trials": 3,
+        "cuda_graph": False,
+        "float32_matmul_precision": "highest",
+        "memory_limit_gb": None,
+        "roofline": None,
+    }
+    return {**full, **more}

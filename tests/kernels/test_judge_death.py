@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from candidate_helpers import rms_candidate, write
+from candidate_helpers import job_settings, rms_candidate, write
 
 SLOW = """
 import time
@@ -38,17 +38,7 @@ def test_a_judge_that_dies_under_a_job_spares_the_next_job(tmp_path, scenarios, 
     from kb_nano.errors import KbNanoError
     from kb_nano.kernels import job
 
-    full = {
-        **settings,
-        "num_runs": 50,
-        "seed": None,
-        "golden": None,
-        "num_trials": 3,
-        "cuda_graph": False,
-        "float32_matmul_precision": "highest",
-        "memory_limit_gb": None,
-        "roofline": None,
-    }
+    full = job_settings(settings, num_runs=50)
     scenario = scenarios["rms_norm__llama32-1b__tp1__n4"]
     slow, good = write(tmp_path / "candidates/rms_norm/slow.py", SLOW), rms_candidate(tmp_path, "good")
     out = {n: tmp_path / f"results/kernels/rms_norm/{n}/{scenario['scenario_id']}.parquet" for n in ("slow", "good")}

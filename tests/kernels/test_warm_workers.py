@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from candidate_helpers import check_row, rms_candidate
+from candidate_helpers import check_row, job_settings, rms_candidate
 
 
 @pytest.mark.slow
@@ -16,16 +16,7 @@ def test_prestarted_judge_serves_the_first_job_and_binds_once(tmp_path, scenario
 
     path = rms_candidate(tmp_path, "good")
     job.prestart()
-    full = {
-        **settings,
-        "seed": None,
-        "golden": None,
-        "num_trials": 3,
-        "cuda_graph": False,
-        "float32_matmul_precision": "highest",
-        "memory_limit_gb": None,
-        "roofline": None,
-    }
+    full = job_settings(settings)
     out = tmp_path / "results/kernels/rms_norm/good/rms_norm__llama32-1b__tp1__n4.parquet"
     try:
         spare_pid = job._SPARE["thread"].join() or job._SPARE["judge"].proc.pid
